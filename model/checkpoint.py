@@ -1,0 +1,67 @@
+"""The checkpoint dir: config.json, model.safetensors, tokenizer.json, train.json (DESIGN section 3)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import ModelConfig
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+TRAIN_INFO_FILE = "train.json"
+
+
+@dataclass
+class Checkpoint:
+    model: Transformer
+    tokenizer: Tokenizer
+    train_info: dict[str, Any]
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+
+def save_weights(model: Transformer, directory: Path) -> None:
+    # The output projection is the embedding (tied), so each tensor is stored once.
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    save_file(state, str(Path(directory) / WEIGHTS_FILE))
+    model.config.save(Path(directory) / CONFIG_FILE)
+
+
+def save_train_info(info: dict[str, Any], directory: Path) -> None:
+    path = Path(directory) / TRAIN_INFO_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def load_train_info(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / TRAIN_INFO_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
+    """Model (eval mode), tokenizer and training record of a checkpoint dir; names a missing file."""
+    directory = Path(directory)
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"checkpoint {directory}: missing {name}")
+    config = ModelConfig.load(directory / CONFIG_FILE)
+    model = Transformer(config)
+    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=device))
+    model.to(device).eval()
+    tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"checkpoint {directory}: {TOKENIZER_FILE} has {tokenizer.vocab_size} ids, config.json says {config.vocab_size}")
+    return Checkpoint(model, tokenizer, load_train_info(directory))
+

@@ -1,0 +1,94 @@
+"""nmt-eval: translate a test TSV with the PyTorch step through model/search.py; print BLEU and chrF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import sacrebleu
+import torch
+from tqdm import tqdm
+
+from model.checkpoint import load_checkpoint
+from model.corpus import read_tsv
+from model.search import SearchOptions, generate
+from model.tokenizer import Tokenizer
+from model.torch_step import TorchStep
+from model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+
+def translate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    options: SearchOptions,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> list[str]:
+    """Best hypothesis for each text; batches are formed from length-sorted texts, output keeps input order."""
+    config = model.config
+    # Leave room for EOS within the position table.
+    src_ids = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch(list(texts))]
+    order = sorted(range(len(texts)), key=lambda index: len(src_ids[index]))
+    step = TorchStep(model)
+    outputs: list[str] = [""] * len(texts)
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
+        results = generate(step, [src_ids[index] for index in batch], options, config.bos_id, config.eos_id, config.max_positions)
+        for index, hypotheses in zip(batch, results, strict=True):
+            outputs[index] = tokenizer.decode(hypotheses[0].token_ids)
+    return outputs
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Detokenized sacrebleu BLEU and chrF."""
+    refs = [list(references)]
+    return {
+        "bleu": round(sacrebleu.corpus_bleu(list(hypotheses), refs).score, 2),
+        "chrf": round(sacrebleu.corpus_chrf(list(hypotheses), refs).score, 2),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-eval", description=__doc__)
+    parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
+    parser.add_argument("--test", type=Path, required=True, help="TSV of German<TAB>English pairs")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
+    parser.add_argument("--length-penalty", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per search batch")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
+    parser.add_argument("--output", type=Path, help="hypotheses file (default: CHECKPOINT/hyps.<test>.beam<K>.txt)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = load_checkpoint(args.checkpoint)
+    pairs = read_tsv(args.test)
+    if args.limit:
+        pairs = pairs[: args.limit]
+    options = SearchOptions(beam_size=args.beam, length_penalty=args.length_penalty)
+    hypotheses = translate(checkpoint.model, checkpoint.tokenizer, [src for src, _ in pairs], options, args.batch_size, progress=True)
+    # One hypothesis per line in the file: a generated line break (\n, \x0c, \u2028...) becomes a space.
+    hypotheses = [" ".join(text.splitlines()) for text in hypotheses]
+    scores = score(hypotheses, [ref for _, ref in pairs])
+    output = args.output or args.checkpoint / f"hyps.{args.test.stem}.beam{args.beam}.txt"
+    output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+    result = {"test": str(args.test), "sentences": len(pairs), "beam": args.beam, **scores}
+    sys.stdout.write(json.dumps(result) + "\n")
+    logger.info("hypotheses written to %s", output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,348 @@
+"""Decoding semantics: greedy and beam search as per-request searchers fed one step of log-probs at a time.
+
+Definitions (numpy only, so the torch-free server shares them):
+
+* Generated tokens are the tokens after BOS, target prefix and EOS included. Hypothesis.token_ids
+  holds them without EOS (and never BOS); the target prefix is part of it.
+* score = sum(processed log-probs of the generated tokens) / length ** length_penalty, where
+  length = number of generated tokens including EOS (fairseq / CTranslate2 convention;
+  length_penalty 0 gives the raw sum). Greedy reports the same normalised score.
+* Max length L = min(max_output_tokens or int(max_len_a * src_len + max_len_b), max_positions),
+  at least 1. Producing L tokens feeds positions 0..L-1 (BOS, then L-1 chosen tokens), so L never
+  exceeds the model's position table. A row whose L-th token is not EOS finishes with
+  FinishReason.LENGTH; no EOS is appended and its length is L.
+* Processors act per row on a float64 copy of the step's log-probs, in this order:
+  repetition_penalty p: every token already generated in the row (prefix included) has its
+  log-prob multiplied by p (log-probs are <= 0, so p > 1 lowers them; CTRL/HF style, no
+  renormalisation). no_repeat_ngram_size n: a token that would complete an n-gram already present
+  in the row gets -inf. min_output_tokens m: EOS gets -inf while the row has fewer than m tokens.
+* target_prefix tokens are forced one per step and score their unprocessed log-prob (processors
+  steer choices; a forced token is not a choice). Beam keeps a single row until the prefix is
+  consumed, then expands. A prefix that reaches L finishes with LENGTH.
+* Beam search (fairseq style): the 2K best (row score + log-prob) candidates are walked best
+  first; an EOS candidate ranked within the first K finishes its row's hypothesis (EOS ranked lower
+  is ignored, as the beam itself would not keep it), the first K non-EOS candidates become the live
+  rows. Stopping rule ("early stopping", as fairseq): the request is done once beam_size
+  hypotheses have finished, or no live row is left. The n-best list is the num_hypotheses best
+  finished hypotheses by normalised score. At step 0 there is one row, so no duplicate beams.
+* Ties are deterministic: equal scores go to the lower token id, then to the lower parent row
+  (a stable sort over the token-major flattening); equal final scores keep finishing order.
+  Greedy is argmax of (row score + log-prob), lowest token id on ties, so beam 1 == greedy exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+MAX_BEAM_SIZE = 16
+
+# Processors edit one row's float64 log-probs (V,) in place, given that row's generated tokens.
+Processor = Callable[[np.ndarray, tuple[int, ...]], None]
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    token_ids: tuple[int, ...]  # generated tokens without BOS/EOS, target prefix included
+    score: float  # normalised, see the module docstring
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 1  # 1 = greedy
+    num_hypotheses: int = 1  # n-best returned, <= beam_size
+    length_penalty: float = 1.0  # alpha in sum / length ** alpha
+    max_output_tokens: int | None = None  # None -> max_len_a * src_len + max_len_b
+    # English runs ~1.1x the length of German in subword tokens; 1.5x + 10 leaves room for
+    # outliers (short sources, segmentation differences) without letting a looping output run long.
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    min_output_tokens: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    target_prefix: tuple[int, ...] = ()
+
+    def validate(self, max_positions: int) -> None:
+        """Raise one ValueError listing every invalid field with its limit."""
+        problems: list[str] = []
+        _check_int(problems, "max_positions", max_positions, 1)
+        _check_int(problems, "beam_size", self.beam_size, 1, MAX_BEAM_SIZE)
+        _check_int(problems, "num_hypotheses", self.num_hypotheses, 1, self.beam_size)
+        # Negative alpha would reward short outputs twice over (sums are <= 0); 10 is far past use.
+        _check_float(problems, "length_penalty", self.length_penalty, 0.0, 10.0)
+        if self.max_output_tokens is not None:  # above max_positions is clamped, not rejected
+            _check_int(problems, "max_output_tokens", self.max_output_tokens, 1)
+        _check_float(problems, "max_len_a", self.max_len_a, 0.0, 100.0)
+        _check_int(problems, "max_len_b", self.max_len_b, 0)
+        # A row needs room for EOS after its minimum tokens.
+        _check_int(problems, "min_output_tokens", self.min_output_tokens, 0, max(max_positions - 1, 0))
+        if self.max_output_tokens is not None and self.min_output_tokens >= self.max_output_tokens:
+            problems.append(f"min_output_tokens must be less than max_output_tokens ({self.max_output_tokens}), "
+                            f"got {self.min_output_tokens}")
+        # p <= 0 would lift penalised tokens to log-prob >= 0, above every real token.
+        _check_float(problems, "repetition_penalty", self.repetition_penalty, 0.01, 10.0)
+        _check_int(problems, "no_repeat_ngram_size", self.no_repeat_ngram_size, 0, max_positions)
+        if len(self.target_prefix) >= max(max_positions, 1):
+            problems.append(f"target_prefix must have fewer than {max_positions} tokens, got {len(self.target_prefix)}")
+        if any(not _is_int(token) or token < 0 for token in self.target_prefix):
+            problems.append(f"target_prefix must hold token ids >= 0, got {self.target_prefix!r}")
+        if problems:
+            raise ValueError("invalid search options: " + "; ".join(problems))
+
+    def max_length(self, src_len: int, max_positions: int) -> int:
+        """Most tokens a hypothesis may generate (EOS included), clamped to the position table."""
+        if self.max_output_tokens is not None:
+            length = self.max_output_tokens
+        else:
+            length = int(self.max_len_a * src_len + self.max_len_b)
+        return max(1, min(length, max_positions))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_int(problems: list[str], name: str, value: object, lo: int, hi: int | None = None) -> None:
+    if _is_int(value) and lo <= value and (hi is None or value <= hi):  # type: ignore[operator]
+        return
+    limit = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+    problems.append(f"{name} must be {limit}, got {value!r}")
+
+
+def _check_float(problems: list[str], name: str, value: object, lo: float, hi: float) -> None:
+    if isinstance(value, (int, float, np.floating)) and math.isfinite(value) and lo <= value <= hi:
+        return
+    problems.append(f"{name} must be a finite number between {lo:g} and {hi:g}, got {value!r}")
+
+
+# ---------------------------------------------------------------- processors
+
+
+def penalize_repetition(penalty: float) -> Processor:
+    def process(log_probs: np.ndarray, tokens: tuple[int, ...]) -> None:
+        if tokens:
+            seen = np.fromiter(set(tokens), dtype=np.int64)  # once per token, however often it occurred
+            log_probs[seen] *= penalty
+
+    return process
+
+
+def ban_repeated_ngrams(size: int) -> Processor:
+    def process(log_probs: np.ndarray, tokens: tuple[int, ...]) -> None:
+        if len(tokens) < size - 1:
+            return
+        context = tokens[len(tokens) - size + 1:]  # the n-1 tokens the next token would follow
+        banned = [tokens[i + size - 1] for i in range(len(tokens) - size + 1) if tokens[i:i + size - 1] == context]
+        log_probs[banned] = -np.inf
+
+    return process
+
+
+def ban_eos_until(min_tokens: int, eos_id: int) -> Processor:
+    def process(log_probs: np.ndarray, tokens: tuple[int, ...]) -> None:
+        if len(tokens) < min_tokens:
+            log_probs[eos_id] = -np.inf
+
+    return process
+
+
+def make_processors(options: SearchOptions, eos_id: int) -> list[Processor]:
+    processors: list[Processor] = []
+    if options.repetition_penalty != 1.0:
+        processors.append(penalize_repetition(options.repetition_penalty))
+    if options.no_repeat_ngram_size > 0:
+        processors.append(ban_repeated_ngrams(options.no_repeat_ngram_size))
+    if options.min_output_tokens > 0:
+        processors.append(ban_eos_until(options.min_output_tokens, eos_id))
+    return processors
+
+
+# ---------------------------------------------------------------- searchers
+
+
+class Searcher:
+    """One request's search state: `advance` consumes its rows' log-probs and picks the next rows.
+
+    Subclasses implement `_choose`, returning (parent row, token, raw score) choices.
+    """
+
+    def __init__(self, options: SearchOptions, src_len: int, bos_id: int, eos_id: int, max_positions: int) -> None:
+        if eos_id in options.target_prefix:
+            raise ValueError(f"target_prefix must not contain eos_id {eos_id}")
+        self.options = options
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.max_length = options.max_length(src_len, max_positions)
+        self.processors = make_processors(options, eos_id)
+        self.rows: list[tuple[int, ...]] = [()]  # live rows' generated tokens
+        self.row_scores = np.zeros(1)  # (k,) float64 raw sums
+        self.finished: list[tuple[tuple[int, ...], float, FinishReason]] = []
+        self.next_tokens = self.initial_tokens()
+        self.done = False
+
+    def initial_tokens(self) -> np.ndarray:
+        return np.array([self.bos_id], dtype=np.int64)
+
+    def advance(self, log_probs: np.ndarray) -> np.ndarray | None:
+        """log_probs (k, V) for this request's rows -> local parent rows (k',), or None once done."""
+        if self.done:
+            raise RuntimeError("advance() called on a finished searcher")
+        if log_probs.shape[0] != len(self.rows):
+            raise ValueError(f"expected log-probs for {len(self.rows)} rows, got {log_probs.shape[0]}")
+        position = len(self.rows[0])
+        if position < len(self.options.target_prefix):  # one row while forcing, see module docstring
+            token = self.options.target_prefix[position]
+            return self._extend([(0, token, self.row_scores[0] + float(log_probs[0, token]))])
+        return self._extend(self._choose(log_probs))
+
+    def hypotheses(self) -> list[Hypothesis]:
+        """The n-best finished hypotheses, best first."""
+        alpha = self.options.length_penalty
+        ranked = [Hypothesis(tokens, raw / (len(tokens) + (reason is FinishReason.EOS)) ** alpha, reason)
+                  for tokens, raw, reason in self.finished]
+        ranked.sort(key=lambda hypothesis: -hypothesis.score)  # stable: ties keep finishing order
+        return ranked[: self.options.num_hypotheses]
+
+    def _processed(self, log_probs: np.ndarray) -> np.ndarray:
+        """(k, V) float64 row score + processed log-probs."""
+        totals = log_probs.astype(np.float64)  # a copy: the step's array is left untouched
+        for row, tokens in enumerate(self.rows):
+            for process in self.processors:
+                process(totals[row], tokens)
+        return totals + self.row_scores[:, None]
+
+    def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
+        raise NotImplementedError
+
+    def _extend(self, choices: list[tuple[int, int, float]]) -> np.ndarray | None:
+        parents, rows, scores = [], [], []
+        for parent, token, score in choices:
+            if token == self.eos_id:
+                self.finished.append((self.rows[parent], score, FinishReason.EOS))
+                continue
+            tokens = self.rows[parent] + (token,)
+            if len(tokens) >= self.max_length:
+                self.finished.append((tokens, score, FinishReason.LENGTH))
+                continue
+            parents.append(parent)
+            rows.append(tokens)
+            scores.append(score)
+        self.rows, self.row_scores = rows, np.array(scores, dtype=np.float64)
+        self.next_tokens = np.array([tokens[-1] for tokens in rows], dtype=np.int64)
+        self.done = not rows or len(self.finished) >= self.options.beam_size
+        return None if self.done else np.array(parents, dtype=np.int64)
+
+
+class GreedySearch(Searcher):
+    """One row; the best token each step."""
+
+    def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
+        totals = self._processed(log_probs)[0]
+        token = int(np.argmax(totals))  # first maximum: the lowest token id wins ties
+        return [(0, token, float(totals[token]))]
+
+
+class BeamSearch(Searcher):
+    """K rows; 2K candidates per step so finished hypotheses do not starve the beam."""
+
+    def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
+        beam_size, num_rows = self.options.beam_size, len(self.rows)
+        candidates = self._processed(log_probs).T.ravel()  # token-major: index = token * k + row
+        choices: list[tuple[int, int, float]] = []
+        num_eos = num_live = 0
+        for rank, index in enumerate(top_stable(candidates, 2 * beam_size)):
+            token, row = divmod(int(index), num_rows)
+            if token == self.eos_id:
+                if rank < beam_size and len(self.finished) + num_eos < beam_size:
+                    choices.append((row, token, float(candidates[index])))
+                    num_eos += 1
+            elif num_live < beam_size:
+                choices.append((row, token, float(candidates[index])))
+                num_live += 1
+        return choices
+
+
+def top_stable(values: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the `count` largest values, best first, ties to the lower index.
+
+    argpartition keeps the per-step cost linear in V; every value equal to the cut-off is kept
+    before the stable sort so that ties at the boundary still resolve by index.
+    """
+    count = min(count, values.size)
+    if count < values.size:
+        cutoff = np.partition(values, values.size - count)[values.size - count]
+        candidates = np.flatnonzero(values >= cutoff)
+    else:
+        candidates = np.arange(values.size)
+    return candidates[np.argsort(-values[candidates], kind="stable")][:count]
+
+
+def make_searcher(options: SearchOptions, src_len: int, bos_id: int, eos_id: int, max_positions: int) -> Searcher:
+    searcher_class = GreedySearch if options.beam_size == 1 else BeamSearch
+    return searcher_class(options, src_len, bos_id, eos_id, max_positions)
+
+
+# ---------------------------------------------------------------- driver
+
+
+class Step(Protocol):
+    """One decoder step over R rows; the implementation owns the KV cache and encoder outputs."""
+
+    vocab_size: int
+
+    def begin(self, src_ids: Sequence[Sequence[int]]) -> None:
+        """Encode these sources (one per request) and drop all rows."""
+
+    def __call__(self, source_index: np.ndarray, parent_rows: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+        """source_index (R,) int64: the request of each row; parent_rows (R,) int64: the row of the
+        previous call whose cache this row continues, -1 for a new row at position 0; tgt_ids (R,)
+        int64: the token fed (BOS first). Returns log_probs (R, V) float32."""
+
+
+def run_search(step: Step, src_ids: Sequence[Sequence[int]], searchers: Sequence[Searcher]) -> list[list[Hypothesis]]:
+    """Advance all searchers together; each step call covers the live rows of every unfinished request."""
+    if not searchers:
+        return []
+    step.begin(src_ids)
+    # Each request starts with one new row fed BOS; rows are concatenated in request order.
+    active = [(request, 1) for request in range(len(searchers))]  # (request, rows in the last call)
+    source_index = np.arange(len(searchers), dtype=np.int64)
+    parent_rows = np.full(len(searchers), -1, dtype=np.int64)
+    tgt_ids = np.concatenate([searcher.initial_tokens() for searcher in searchers])
+    while active:
+        log_probs = step(source_index, parent_rows, tgt_ids)  # (R, V)
+        if log_probs.shape != (len(tgt_ids), step.vocab_size):
+            raise ValueError(f"step returned shape {log_probs.shape}, expected {(len(tgt_ids), step.vocab_size)}")
+        next_active, sources, parents, tokens = [], [], [], []
+        offset = 0
+        for request, num_rows in active:
+            searcher = searchers[request]
+            local_parents = searcher.advance(log_probs[offset:offset + num_rows])
+            if local_parents is not None:
+                next_active.append((request, len(local_parents)))
+                sources.append(np.full(len(local_parents), request, dtype=np.int64))
+                parents.append(local_parents + offset)  # local -> global row of this call
+                tokens.append(searcher.next_tokens)
+            offset += num_rows
+        active = next_active
+        if active:
+            source_index, parent_rows, tgt_ids = map(np.concatenate, (sources, parents, tokens))
+    return [searcher.hypotheses() for searcher in searchers]
+
+
+def generate(step: Step, src_ids: Sequence[Sequence[int]], options: SearchOptions, bos_id: int, eos_id: int,
+             max_positions: int) -> list[list[Hypothesis]]:
+    """n-best hypotheses for each source, best first."""
+    options.validate(max_positions)
+    searchers = [make_searcher(options, len(src), bos_id, eos_id, max_positions) for src in src_ids]
+    return run_search(step, src_ids, searchers)

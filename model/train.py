@@ -1,0 +1,285 @@
+"""nmt-train: train the Transformer on a TSV corpus into a checkpoint dir, with exact resume."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from model.batching import Batch, make_batch, plan_batches
+from model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
+from model.config import PRESETS, ModelConfig
+from model.corpus import read_tsv
+from model.evaluate import score, translate
+from model.search import SearchOptions
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+LAST_DIR = "last"  # resume state: weights, optimizer, RNG and data position (not shipped)
+TRAINER_STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainSettings:
+    max_tokens: int = 6000  # padded tokens (rows x longest side) per batch
+    peak_lr: float = 1e-3
+    warmup_steps: int = 800
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_steps: int = 0  # 0 = no step limit
+    max_minutes: float = 0.0  # 0 = no time limit
+    eval_every: int = 500
+    log_every: int = 50
+    valid_bleu_size: int = 500
+    max_len: int = 100  # pairs with a longer side (in tokens) are skipped
+    seed: int = 1234
+    bf16: bool = True
+
+
+@dataclass
+class Progress:
+    """Everything besides weights and optimizer that an exact resume needs."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    tgt_tokens: int = 0
+    train_seconds: float = 0.0
+    best_bleu: float = -1.0
+    loss_curve: list[list[float]] = field(default_factory=list)  # [step, mean train loss]
+    validations: list[dict[str, float]] = field(default_factory=list)
+
+
+def learning_rate(step: int, settings: TrainSettings) -> float:
+    """The paper's schedule, d^-0.5 * min(step^-0.5, step * warmup^-1.5), rescaled to peak at `peak_lr`."""
+    step = max(step, 1)
+    return settings.peak_lr * min(step / settings.warmup_steps, math.sqrt(settings.warmup_steps / step))
+
+
+def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """Summed loss over (N, V) log-probs: (1 - eps) * NLL + eps * mean over the vocabulary."""
+    nll = -log_probs.gather(-1, target[:, None]).squeeze(-1)
+    uniform = -log_probs.mean(dim=-1)
+    return ((1.0 - smoothing) * nll + smoothing * uniform).sum()
+
+
+def batch_loss(model: Transformer, batch: Batch, smoothing: float) -> torch.Tensor:
+    hidden = model.decode_hidden(batch.src_ids, batch.src_mask, batch.tgt_in)
+    real = batch.tgt_out != model.config.pad_id
+    # Project only real target positions: the V-wide output layer is the costliest matmul.
+    log_probs = model.generate_log_probs(hidden[real])
+    return label_smoothed_loss(log_probs, batch.tgt_out[real], smoothing)
+
+
+def load_or_train_tokenizer(out: Path, pairs: Sequence[tuple[str, str]], vocab_size: int) -> Tokenizer:
+    path = out / TOKENIZER_FILE
+    if path.is_file():
+        return Tokenizer.load(path)
+    logger.info("training a %d-id BPE tokenizer on %d pairs", vocab_size, len(pairs))
+    tokenizer = Tokenizer.train((text for pair in pairs for text in pair), vocab_size)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], max_len: int) -> list[tuple[list[int], list[int]]]:
+    sources = tokenizer.encode_batch([src for src, _ in pairs])
+    targets = tokenizer.encode_batch([tgt for _, tgt in pairs])
+    return [(s, t) for s, t in zip(sources, targets, strict=True) if 0 < len(s) <= max_len and 0 < len(t) <= max_len]
+
+
+class Trainer:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, train_pairs, valid_pairs, out: Path, settings: TrainSettings) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        # One slot is kept for EOS/BOS inside the position table.
+        max_len = min(settings.max_len, model.config.max_positions - 1)
+        self.train_ids = encode_pairs(tokenizer, train_pairs, max_len)
+        self.valid_pairs = list(valid_pairs)
+        self.valid_ids = encode_pairs(tokenizer, self.valid_pairs, max_len)
+        self.out = out
+        self.settings = settings
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+        self.progress = Progress()
+        self.lengths = [(len(s), len(t)) for s, t in self.train_ids]
+        self._planned_epoch, self._planned = -1, []
+        valid_lengths = [(len(s), len(t)) for s, t in self.valid_ids]
+        self.valid_batches = plan_batches(valid_lengths, settings.max_tokens, np.random.default_rng(settings.seed))
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        # Seeded by epoch so a resumed run sees exactly the batches an uninterrupted one would.
+        if self._planned_epoch != epoch:
+            rng = np.random.default_rng([self.settings.seed, epoch])
+            self._planned = plan_batches(self.lengths, self.settings.max_tokens, rng)
+            self._planned_epoch = epoch
+        return self._planned
+
+    def save_last(self) -> None:
+        last = self.out / LAST_DIR
+        last.mkdir(parents=True, exist_ok=True)
+        save_weights(self.model, last)
+        state = {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "progress": dataclasses.asdict(self.progress)}
+        torch.save(state, last / TRAINER_STATE_FILE)
+
+    def load_last(self) -> None:
+        last = self.out / LAST_DIR
+        self.model.load_state_dict(load_file(str(last / WEIGHTS_FILE)))
+        state = torch.load(last / TRAINER_STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.progress = Progress(**state["progress"])
+        logger.info("resumed at step %d (epoch %d, batch %d)", self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
+
+    def validate(self) -> dict[str, float]:
+        self.model.eval()
+        total_loss, total_tokens = 0.0, 0
+        with torch.inference_mode():
+            for index in self.valid_batches:
+                batch = make_batch([self.valid_ids[i] for i in index])
+                total_loss += float(batch_loss(self.model, batch, 0.0))
+                total_tokens += batch.n_tgt_tokens
+        sample = self.valid_pairs[: self.settings.valid_bleu_size]
+        hypotheses = translate(self.model, self.tokenizer, [src for src, _ in sample], SearchOptions(beam_size=1))
+        self.model.train()
+        return {"step": self.progress.step, "valid_nll": round(total_loss / max(total_tokens, 1), 4), **score(hypotheses, [ref for _, ref in sample])}
+
+    def finished(self, started: float) -> bool:
+        settings, progress = self.settings, self.progress
+        if settings.max_steps and progress.step >= settings.max_steps:
+            return True
+        return bool(settings.max_minutes) and time.monotonic() - started >= settings.max_minutes * 60
+
+    def run(self, record: dict[str, Any]) -> None:
+        settings, progress = self.settings, self.progress
+        self.model.train()
+        started = time.monotonic()
+        # With a time limit the bar counts minutes, so tqdm's ETA is the time left.
+        by_time = not settings.max_steps
+        bar = tqdm(total=settings.max_minutes if by_time else settings.max_steps, initial=0 if by_time else progress.step,
+                   unit="min" if by_time else "step", desc="train", dynamic_ncols=True)
+        window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+        while not self.finished(started):
+            batches = self.epoch_batches(progress.epoch)
+            if progress.batch_in_epoch >= len(batches):
+                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                continue
+            batch = make_batch([self.train_ids[i] for i in batches[progress.batch_in_epoch]])
+            loss = self.train_step(batch)
+            progress.batch_in_epoch += 1
+            progress.step += 1
+            progress.tgt_tokens += batch.n_tgt_tokens
+            window_loss += loss
+            window_tokens += batch.n_tgt_tokens
+            if progress.step % settings.log_every == 0:
+                elapsed = time.monotonic() - window_start
+                progress.train_seconds += elapsed
+                progress.loss_curve.append([progress.step, round(window_loss / window_tokens, 6)])
+                bar.set_postfix(step=progress.step, loss=f"{window_loss / window_tokens:.3f}", tok_s=f"{window_tokens / elapsed:.0f}", epoch=progress.epoch)
+                window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+            if by_time:
+                bar.n = round(min((time.monotonic() - started) / 60, settings.max_minutes), 2)
+                bar.refresh()
+            else:
+                bar.update(1)
+            if progress.step % settings.eval_every == 0 or self.finished(started):
+                self.checkpoint(record)
+                window_start = time.monotonic()  # validation time is not training time
+        bar.close()
+
+    def train_step(self, batch: Batch) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.progress.step + 1, self.settings)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
+            loss = batch_loss(self.model, batch, self.settings.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        (loss / batch.n_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_norm)
+        self.optimizer.step()
+        return loss.item()
+
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        progress = self.progress
+        result = self.validate()
+        progress.validations.append(result)
+        logger.info("step %d: valid nll %.3f, greedy BLEU %.2f, chrF %.2f", progress.step, result["valid_nll"], result["bleu"], result["chrf"])
+        if result["bleu"] > progress.best_bleu:
+            progress.best_bleu = result["bleu"]
+            save_weights(self.model, self.out)
+            record["best"] = result
+        self.save_last()
+        seconds = max(progress.train_seconds, 1e-9)
+        record.update(
+            steps=progress.step,
+            epochs=round(progress.epoch + progress.batch_in_epoch / max(len(self.epoch_batches(progress.epoch)), 1), 3),
+            target_tokens=progress.tgt_tokens,
+            train_minutes=round(seconds / 60, 2),
+            target_tokens_per_second=round(progress.tgt_tokens / seconds, 1),
+            loss_curve=progress.loss_curve,
+            validations=progress.validations,
+        )
+        save_train_info(record, self.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = TrainSettings()
+    parser = argparse.ArgumentParser(prog="nmt-train", description=__doc__)
+    parser.add_argument("--train", type=Path, required=True, help="TSV of German<TAB>English training pairs")
+    parser.add_argument("--valid", type=Path, required=True, help="TSV of validation pairs")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint dir (best weights; last/ holds resume state)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    for item in dataclasses.fields(TrainSettings):
+        flag = "--" + item.name.replace("_", "-")
+        if item.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=item.default)
+        else:
+            parser.add_argument(flag, type=type(getattr(defaults, item.name)), default=item.default)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    settings = TrainSettings(**{item.name: getattr(args, item.name) for item in dataclasses.fields(TrainSettings)})
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not settings.max_steps and not settings.max_minutes:
+        raise SystemExit("nmt-train: give --max-steps or --max-minutes")
+    torch.manual_seed(settings.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    train_pairs, valid_pairs = read_tsv(args.train), read_tsv(args.valid)
+    tokenizer = load_or_train_tokenizer(args.out, train_pairs, PRESETS[args.preset].vocab_size)
+    config = dataclasses.replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size)
+    if args.resume:
+        config = ModelConfig.load(args.out / LAST_DIR / "config.json")
+    trainer = Trainer(Transformer(config), tokenizer, train_pairs, valid_pairs, args.out, settings)
+    record = load_train_info(args.out) if args.resume else {}
+    if args.resume:
+        trainer.load_last()
+    record.update(
+        preset=args.preset,
+        config=config.to_dict(),
+        settings=dataclasses.asdict(settings),
+        corpus={"train": str(args.train), "valid": str(args.valid), "train_pairs": len(trainer.train_ids), "valid_pairs": len(valid_pairs)},
+        threads=torch.get_num_threads(),
+    )
+    logger.info("%d training pairs, %.1fM parameters", len(trainer.train_ids), sum(p.numel() for p in trainer.model.parameters()) / 1e6)
+    trainer.run(record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

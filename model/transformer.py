@@ -1,0 +1,217 @@
+"""The "Attention Is All You Need" encoder-decoder, cut where the export cuts it: encode, cross_kv, decode_step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+
+# Additive attention bias for masked keys. Finite on purpose: -inf (and -1e9) turn into -inf in
+# fp16 and a fully masked row becomes NaN; exp(-1e4) is still exactly 0 in fp32.
+MASK_VALUE = -1e4
+
+KV = tuple[Tensor, Tensor]  # (key, value), each (B, H, L, Dh)
+
+
+def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), shape (L, D)."""
+    position = torch.arange(max_positions, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+def mask_to_bias(mask: Tensor) -> Tensor:
+    """(B, L) bool, True = attend -> (B, 1, 1, L) additive bias."""
+    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    return torch.where(mask, zero, MASK_VALUE)[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, x: Tensor) -> KV:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def forward(self, x: Tensor, key: Tensor, value: Tensor, bias: Tensor) -> Tensor:
+        batch, length, d_model = x.shape
+        query = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        # Explicit matmul + softmax: SDPA exports to an ONNX op whose CPU kernel rejects broadcast masks.
+        scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim) + bias  # (B, H, T, L)
+        weights = self.dropout(torch.softmax(scores.float(), dim=-1).to(value.dtype))
+        out = (weights @ value).transpose(1, 2).reshape(batch, length, d_model)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(F.relu(self.up(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and FFN, each as LayerNorm(x + Dropout(sublayer(x))) (post-LN, as in the paper)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        key, value = self.self_attn.project_kv(x)
+        x = self.norm1(x + self.dropout(self.self_attn(x, key, value, bias)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention over past + new tokens, cross-attention over memory, FFN; post-LN."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
+        self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.norm3 = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, past: KV, self_bias: Tensor, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV]:
+        new_key, new_value = self.self_attn.project_kv(x)
+        key = torch.cat([past[0], new_key], dim=2)  # (B, H, P+T, Dh)
+        value = torch.cat([past[1], new_value], dim=2)
+        x = self.norm1(x + self.dropout(self.self_attn(x, key, value, self_bias)))
+        x = self.norm2(x + self.dropout(self.cross_attn(x, cross[0], cross[1], cross_bias)))
+        x = self.norm3(x + self.dropout(self.ffn(x)))
+        return x, (key, value)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
+        self.register_buffer("position_table", sinusoidal_table(config.max_positions, config.d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for parameter in self.parameters():
+            if parameter.dim() > 1:
+                nn.init.xavier_uniform_(parameter)
+        # The embedding is also the output projection (tied); d^-0.5 keeps logits O(1) at init.
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[self.config.pad_id].zero_()
+
+    def embed_tokens(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """(B, T) ids at (B, T) positions -> (B, T, D): scaled embedding + sinusoidal position."""
+        x = self.embed(ids) * math.sqrt(self.config.d_model) + self.position_table[positions]
+        return self.embed_dropout(x)
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """(B, S) ids, (B, S) bool mask (True = real token) -> memory (B, S, D)."""
+        positions = torch.arange(src_ids.shape[1], device=src_ids.device).expand_as(src_ids)
+        x = self.embed_tokens(src_ids, positions)
+        bias = mask_to_bias(src_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, bias)
+        return x
+
+    def cross_kv(self, memory: Tensor) -> list[KV]:
+        """Cross-attention key/value of every decoder layer, computed once per sentence."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+
+    def empty_past(self, batch: int, device: torch.device | None = None) -> list[KV]:
+        shape = (batch, self.config.n_heads, 0, self.config.head_dim)
+        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in self.decoder_layers]
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        positions: Tensor,
+        past: list[KV],
+        past_mask: Tensor,
+        cross: list[KV],
+        src_mask: Tensor,
+    ) -> tuple[Tensor, list[KV]]:
+        """Hidden states of T new tokens per row, and the present cache (past + new).
+
+        tgt_ids (B, T); positions (B,) position of each row's first new token, so rows of one
+        batch may be at different steps; past K/V (B, H, P, Dh) per layer with past_mask (B, P)
+        saying which past slots are real; cross K/V (B, H, S, Dh) per layer; src_mask (B, S).
+        """
+        new_tokens = tgt_ids.shape[1]
+        steps = torch.arange(new_tokens, device=tgt_ids.device)
+        x = self.embed_tokens(tgt_ids, positions[:, None] + steps)  # (B, T, D)
+        causal = steps[None, :] <= steps[:, None]  # (T, T): new token t sees new tokens <= t
+        batch, past_len = past_mask.shape
+        keys_mask = torch.cat([past_mask[:, None, :].expand(batch, new_tokens, past_len), causal.expand(batch, -1, -1)], dim=2)
+        zero = torch.zeros((), dtype=torch.float32, device=tgt_ids.device)
+        self_bias = torch.where(keys_mask, zero, MASK_VALUE)[:, None]  # (B, 1, T, P+T)
+        cross_bias = mask_to_bias(src_mask)
+        present = []
+        for layer, layer_past, layer_cross in zip(self.decoder_layers, past, cross, strict=True):
+            x, layer_present = layer(x, layer_past, self_bias, layer_cross, cross_bias)
+            present.append(layer_present)
+        return x, present
+
+    def generate_log_probs(self, hidden: Tensor) -> Tensor:
+        """(..., D) -> (..., V) log-probabilities through the tied embedding."""
+        logits = hidden @ self.embed.weight.T
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def decode_step(
+        self,
+        tgt_ids: Tensor,
+        positions: Tensor,
+        past: list[KV],
+        past_mask: Tensor,
+        cross: list[KV],
+        src_mask: Tensor,
+    ) -> tuple[Tensor, list[KV]]:
+        """log_probs (B, T, V) of the next token after each new token, and the present cache."""
+        hidden, present = self.decode(tgt_ids, positions, past, past_mask, cross, src_mask)
+        return self.generate_log_probs(hidden), present
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Teacher forcing: log_probs (B, T, V) for right-padded tgt_ids (B, T) that start with BOS."""
+        hidden = self.decode_hidden(src_ids, src_mask, tgt_ids)
+        return self.generate_log_probs(hidden)
+
+    def decode_hidden(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Decoder hidden states (B, T, D) for a whole target prefix with an empty past."""
+        memory = self.encode(src_ids, src_mask)
+        batch = tgt_ids.shape[0]
+        past_mask = torch.zeros(batch, 0, dtype=torch.bool, device=tgt_ids.device)
+        positions = torch.zeros(batch, dtype=torch.long, device=tgt_ids.device)
+        hidden, _ = self.decode(tgt_ids, positions, self.empty_past(batch, tgt_ids.device), past_mask, self.cross_kv(memory), src_mask)
+        return hidden

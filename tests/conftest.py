@@ -1,0 +1,50 @@
+"""Session fixtures: a tiny synthetic parallel corpus and a tiny checkpoint trained on it (no network, no real data)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from model.corpus import write_tsv
+
+# A toy German->English word mapping; sentences translate word by word, so a tiny model can learn some of it.
+LEXICON = {
+    "ich": "i", "du": "you", "wir": "we", "sehe": "see", "habe": "have", "mag": "like", "den": "the",
+    "einen": "a", "hund": "dog", "bahnhof": "station", "kaffee": "coffee", "zug": "train", "großen": "big",
+    "schönen": "beautiful", "heute": "today", "morgen": "tomorrow", "nicht": "not", "gern": "gladly",
+}
+
+
+def synthetic_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    words = sorted(LEXICON)
+    pairs = []
+    for _ in range(count):
+        german = [rng.choice(words) for _ in range(rng.randint(2, 6))]
+        pairs.append((" ".join(german).capitalize() + ".", " ".join(LEXICON[w] for w in german).capitalize() + "."))
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("corpus")
+    paths = {}
+    for name, count, seed in (("train", 400, 1), ("valid", 20, 2), ("test", 20, 3)):
+        paths[name] = root / f"{name}.tsv"
+        write_tsv(str(paths[name]), synthetic_pairs(count, seed))
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model trained for a few steps through the real nmt-train entry point."""
+    from model.train import main as train_main
+
+    out = tmp_path_factory.mktemp("checkpoint")
+    args = ["--train", str(tiny_corpus["train"]), "--valid", str(tiny_corpus["valid"]), "--out", str(out), "--preset", "tiny",
+            "--max-steps", "20", "--eval-every", "10", "--log-every", "5", "--max-tokens", "400", "--warmup-steps", "10",
+            "--valid-bleu-size", "10", "--no-bf16"]  # fmt: skip
+    assert train_main(args) == 0
+    return out

@@ -1,0 +1,343 @@
+"""Decoding semantics of model/search.py, checked against fake steps that read hand-written log-prob tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from model.search import (
+    BeamSearch,
+    FinishReason,
+    GreedySearch,
+    Hypothesis,
+    SearchOptions,
+    generate,
+    run_search,
+    top_stable,
+)
+
+BOS, EOS = 0, 1
+V = 8  # BOS, EOS and content tokens 2..7
+MAX_POSITIONS = 64
+
+History = tuple[int, ...]
+Table = Mapping[History, Mapping[int, float]]
+
+
+def probs(listed: Mapping[int, float]) -> np.ndarray:
+    """Listed token probabilities; the rest of the mass spread evenly over the other non-BOS tokens."""
+    row = np.zeros(V)
+    for token, p in listed.items():
+        row[token] = p
+    others = [token for token in range(1, V) if token not in listed]
+    if others:
+        row[others] = (1.0 - sum(listed.values())) / len(others)
+    return row
+
+
+def lp(p: float) -> float:
+    """A probability as the float32 log-prob the fake step returns."""
+    return float(np.float32(math.log(p)))
+
+
+DEFAULT = {EOS: 0.1}  # histories missing from a table: unlikely to end, 0.15 on each content token
+
+
+class TableStep:
+    """Log-probs from a per-source table keyed by the row's history; histories follow parent_rows."""
+
+    vocab_size = V
+
+    def __init__(self, tables: Mapping[History, Table]) -> None:
+        self.tables = tables
+        self.rows_per_call: list[int] = []
+        self.sources_per_call: list[list[History]] = []
+
+    def begin(self, src_ids: Sequence[Sequence[int]]) -> None:
+        self.src = [tuple(src) for src in src_ids]
+        self.histories: list[History] = []
+
+    def log_probs(self, src: History, history: History) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.log(probs(self.tables[src].get(history, DEFAULT)))
+
+    def __call__(self, source_index: np.ndarray, parent_rows: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+        histories = []
+        for parent, token in zip(parent_rows.tolist(), tgt_ids.tolist()):
+            if parent < 0:
+                assert token == BOS, "a new row must be fed BOS"
+                histories.append(())
+            else:
+                histories.append(self.histories[parent] + (token,))
+        self.histories = histories
+        self.rows_per_call.append(len(histories))
+        self.sources_per_call.append([self.src[index] for index in source_index.tolist()])
+        rows = [self.log_probs(self.src[index], history) for index, history in zip(source_index.tolist(), histories)]
+        return np.array(rows, dtype=np.float32).reshape(len(rows), V)
+
+
+class RandomStep(TableStep):
+    """Log-probs drawn from a generator seeded by (source, history): any table, reproducibly."""
+
+    def __init__(self, seed: int, eos_bias: float = 0.0) -> None:
+        super().__init__({})
+        self.seed, self.eos_bias = seed, eos_bias
+
+    def log_probs(self, src: History, history: History) -> np.ndarray:
+        logits = np.random.default_rng([self.seed, *src, 99, *history]).normal(size=V) * 2
+        logits[BOS] = -np.inf
+        logits[EOS] += self.eos_bias
+        # Quantise so equal log-probs (ties) actually occur.
+        logits = np.round(logits, 1)
+        return logits - np.log(np.exp(logits).sum())
+
+
+def decode(table: Table, options: SearchOptions, src: History = (5,)) -> tuple[list[Hypothesis], TableStep]:
+    step = TableStep({src: table})
+    return generate(step, [src], options, BOS, EOS, MAX_POSITIONS)[0], step
+
+
+# Short [2] vs long [3, 4, 5]: the short one has the higher raw sum, the long one the higher mean.
+LENGTH_TABLE: Table = {
+    (): {2: 0.6, 3: 0.3},
+    (2,): {EOS: 0.6},
+    (3,): {4: 0.9},
+    (3, 4): {5: 0.9},
+    (3, 4, 5): {EOS: 0.9},
+}
+SHORT_SUM = lp(0.6) + lp(0.6)
+LONG_SUM = lp(0.3) + 3 * lp(0.9)
+
+REPEAT_TABLE: Table = {
+    (): {2: 0.9},
+    (2,): {3: 0.9},
+    (2, 3): {2: 0.9},
+    (2, 3, 2): {3: 0.9, 4: 0.06},
+    (2, 3, 2, 3): {EOS: 0.9},
+    (2, 3, 2, 4): {EOS: 0.9},
+}
+
+
+def test_greedy_eos_at_step_zero_gives_empty_hypothesis() -> None:
+    hypotheses, _ = decode({(): {EOS: 0.6}}, SearchOptions())
+    assert hypotheses == [Hypothesis((), pytest.approx(lp(0.6)), FinishReason.EOS)]
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+def test_search_eos_at_step_zero_gives_empty_hypothesis(beam_size: int) -> None:
+    hypotheses, _ = decode({(): {EOS: 0.6}}, SearchOptions(beam_size=beam_size))
+    assert hypotheses[0].token_ids == ()
+    assert hypotheses[0].score == pytest.approx(lp(0.6))
+
+
+def test_options_max_length_is_a_times_src_len_plus_b_clamped_to_positions() -> None:
+    assert SearchOptions(max_len_a=1.5, max_len_b=10).max_length(4, 1024) == 16
+    assert SearchOptions(max_len_a=1.5, max_len_b=10).max_length(3, 1024) == 14  # int(14.5)
+    assert SearchOptions(max_len_a=1.5, max_len_b=10).max_length(100, 32) == 32
+    assert SearchOptions(max_output_tokens=5).max_length(100, 1024) == 5
+    assert SearchOptions(max_output_tokens=500).max_length(1, 32) == 32
+    assert SearchOptions(max_len_a=0.0, max_len_b=0).max_length(0, 32) == 1
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+@pytest.mark.parametrize(("src", "max_positions", "expected_length"), [((5, 5, 5), 64, 5), ((5, 5, 5), 3, 3)])
+def test_search_stops_at_max_length_with_length_reason(
+        beam_size: int, src: History, max_positions: int, expected_length: int) -> None:
+    never_ends = {(): {EOS: 0.0, 2: 0.9}, (2,): {EOS: 0.0, 2: 0.9}, (2, 2): {EOS: 0.0, 2: 0.9},
+                  (2, 2, 2): {EOS: 0.0, 2: 0.9}, (2, 2, 2, 2): {EOS: 0.0, 2: 0.9}}
+    options = SearchOptions(beam_size=beam_size, max_len_a=1.0, max_len_b=2, length_penalty=0.0)
+    step = TableStep({src: never_ends})
+    [[best, *_]] = generate(step, [src], options, BOS, EOS, max_positions)
+    assert best.token_ids == (2,) * expected_length
+    assert best.finish_reason is FinishReason.LENGTH
+    assert best.score == pytest.approx(expected_length * lp(0.9))  # no EOS appended or scored
+    assert len(step.rows_per_call) == expected_length  # BOS + L-1 fed tokens: positions < max_positions
+
+
+@pytest.mark.parametrize(("length_penalty", "expected"), [
+    (0.0, Hypothesis((2,), pytest.approx(SHORT_SUM), FinishReason.EOS)),
+    (1.0, Hypothesis((3, 4, 5), pytest.approx(LONG_SUM / 4), FinishReason.EOS)),
+])
+def test_beam_length_penalty_picks_short_or_long(length_penalty: float, expected: Hypothesis) -> None:
+    hypotheses, step = decode(LENGTH_TABLE, SearchOptions(beam_size=2, length_penalty=length_penalty))
+    assert hypotheses == [expected]
+    assert step.rows_per_call == [1, 2, 2, 2]  # one row at step 0: no duplicate beams
+
+
+def test_beam_returns_n_best_in_score_order() -> None:
+    hypotheses, _ = decode(LENGTH_TABLE, SearchOptions(beam_size=2, num_hypotheses=2, length_penalty=1.0))
+    assert hypotheses == [
+        Hypothesis((3, 4, 5), pytest.approx(LONG_SUM / 4), FinishReason.EOS),
+        Hypothesis((2,), pytest.approx(SHORT_SUM / 2), FinishReason.EOS),
+    ]
+
+
+def test_greedy_without_ngram_ban_repeats() -> None:
+    hypotheses, _ = decode(REPEAT_TABLE, SearchOptions())
+    assert hypotheses[0].token_ids == (2, 3, 2, 3)
+
+
+def test_greedy_no_repeat_ngram_bans_completing_a_seen_bigram() -> None:
+    hypotheses, _ = decode(REPEAT_TABLE, SearchOptions(no_repeat_ngram_size=2))
+    assert hypotheses == [Hypothesis((2, 3, 2, 4), pytest.approx((4 * lp(0.9) + lp(0.06)) / 5), FinishReason.EOS)]
+
+
+def test_greedy_repetition_penalty_multiplies_seen_log_probs() -> None:
+    table = {(): {2: 0.5, 3: 0.4}, (2,): {2: 0.5, 4: 0.3}, (2, 2): {EOS: 0.9}, (2, 4): {EOS: 0.9}}
+    assert decode(table, SearchOptions())[0][0].token_ids == (2, 2)
+    hypotheses, _ = decode(table, SearchOptions(repetition_penalty=2.0))  # 2 * log 0.5 = log 0.25 < log 0.3
+    assert hypotheses == [Hypothesis((2, 4), pytest.approx((lp(0.5) + lp(0.3) + lp(0.9)) / 3), FinishReason.EOS)]
+
+
+def test_greedy_min_output_tokens_bans_eos_until_reached() -> None:
+    table = {(): {EOS: 0.5, 2: 0.3}, (2,): {EOS: 0.6, 3: 0.3}, (2, 3): {EOS: 0.9}}
+    assert decode(table, SearchOptions())[0][0].token_ids == ()
+    hypotheses, _ = decode(table, SearchOptions(min_output_tokens=2))
+    assert hypotheses == [Hypothesis((2, 3), pytest.approx((2 * lp(0.3) + lp(0.9)) / 3), FinishReason.EOS)]
+
+
+PREFIX_TABLE: Table = {
+    (): {2: 0.9, 4: 0.05},
+    (4,): {5: 0.1},
+    (4, 5): {6: 0.7, EOS: 0.2},
+    (4, 5, 6): {EOS: 0.8},
+}
+PREFIX_SUM = lp(0.05) + lp(0.1)
+
+
+def test_greedy_target_prefix_is_forced_and_scored() -> None:
+    hypotheses, _ = decode(PREFIX_TABLE, SearchOptions(target_prefix=(4, 5)))
+    assert hypotheses == [Hypothesis((4, 5, 6), pytest.approx((PREFIX_SUM + lp(0.7) + lp(0.8)) / 4), FinishReason.EOS)]
+
+
+def test_beam_target_prefix_keeps_one_row_then_expands() -> None:
+    options = SearchOptions(beam_size=2, num_hypotheses=2, target_prefix=(4, 5))
+    hypotheses, step = decode(PREFIX_TABLE, options)
+    assert hypotheses == [
+        Hypothesis((4, 5, 6), pytest.approx((PREFIX_SUM + lp(0.7) + lp(0.8)) / 4), FinishReason.EOS),
+        Hypothesis((4, 5), pytest.approx((PREFIX_SUM + lp(0.2)) / 3), FinishReason.EOS),
+    ]
+    assert step.rows_per_call == [1, 1, 1, 2]
+
+
+def test_search_target_prefix_reaching_max_length_finishes_with_length() -> None:
+    hypotheses, _ = decode(PREFIX_TABLE, SearchOptions(beam_size=2, target_prefix=(4, 5), max_output_tokens=2))
+    assert hypotheses == [Hypothesis((4, 5), pytest.approx(PREFIX_SUM / 2), FinishReason.LENGTH)]
+
+
+def test_greedy_tie_goes_to_lower_token_id() -> None:
+    hypotheses, _ = decode({(): {3: 0.4, 2: 0.4}, (2,): {EOS: 1.0}, (3,): {EOS: 1.0}}, SearchOptions())
+    assert hypotheses[0].token_ids == (2,)
+
+
+def test_beam_tie_goes_to_lower_token_then_lower_parent_row() -> None:
+    # Rows [2] and [3] score the same, and so do all four of their continuations.
+    table = {(): {2: 0.4, 3: 0.4}, (2,): {4: 0.5, 5: 0.5}, (3,): {4: 0.5, 5: 0.5},
+             (2, 4): {EOS: 1.0}, (3, 4): {EOS: 1.0}, (2, 5): {EOS: 1.0}, (3, 5): {EOS: 1.0}}
+    options = SearchOptions(beam_size=2, num_hypotheses=2)
+    first, _ = decode(table, options)
+    again, _ = decode(table, options)
+    expected_score = pytest.approx((lp(0.4) + lp(0.5) + lp(1.0)) / 3)
+    assert first == again == [Hypothesis((2, 4), expected_score, FinishReason.EOS),
+                              Hypothesis((3, 4), expected_score, FinishReason.EOS)]
+
+
+def test_top_stable_keeps_ties_at_the_cutoff_in_index_order() -> None:
+    values = np.array([0.0, -1.0, -1.0, 0.5, -1.0, -2.0])
+    assert top_stable(values, 3).tolist() == [3, 0, 1]
+    assert top_stable(values, 10).tolist() == [3, 0, 1, 2, 4, 5]
+
+
+BEAM_ONE_OPTIONS = [
+    SearchOptions(),
+    SearchOptions(length_penalty=0.0, max_output_tokens=6),
+    SearchOptions(repetition_penalty=1.7, no_repeat_ngram_size=2),
+    SearchOptions(min_output_tokens=4, no_repeat_ngram_size=1),
+    SearchOptions(target_prefix=(3, 3), repetition_penalty=0.8, min_output_tokens=3),
+]
+
+
+@pytest.mark.parametrize("options", BEAM_ONE_OPTIONS)
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_size_one_equals_greedy(options: SearchOptions, seed: int) -> None:
+    srcs = [(2,), (3, 4, 5), (6, 7, 2, 3, 4, 5, 6)]
+    results = []
+    for searcher_class in (GreedySearch, BeamSearch):
+        searchers = [searcher_class(options, len(src), BOS, EOS, MAX_POSITIONS) for src in srcs]
+        results.append(run_search(RandomStep(seed, eos_bias=0.5), srcs, searchers))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("table", [LENGTH_TABLE, REPEAT_TABLE, PREFIX_TABLE])
+def test_beam_size_one_equals_greedy_on_tables(table: Table) -> None:
+    options = SearchOptions(no_repeat_ngram_size=2)
+    greedy = run_search(TableStep({(5,): table}), [(5,)], [GreedySearch(options, 1, BOS, EOS, MAX_POSITIONS)])
+    beam = run_search(TableStep({(5,): table}), [(5,)], [BeamSearch(options, 1, BOS, EOS, MAX_POSITIONS)])
+    assert greedy == beam
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_generate_batched_requests_match_each_request_alone(beam_size: int) -> None:
+    srcs = [(2,), (3, 4, 5, 6), (7, 2, 3, 4, 5, 6, 7, 2)]  # max lengths 2, 5, 9
+    options = SearchOptions(beam_size=beam_size, num_hypotheses=beam_size, max_len_a=1.0, max_len_b=1)
+    step = RandomStep(seed=2, eos_bias=-1.0)
+    batched = generate(step, srcs, options, BOS, EOS, MAX_POSITIONS)
+    alone = [generate(RandomStep(seed=2, eos_bias=-1.0), [src], options, BOS, EOS, MAX_POSITIONS)[0] for src in srcs]
+    assert batched == alone
+    # This seed makes the longest source end on EOS before the middle one hits its max length,
+    # so rows leave the batch out of request order.
+    last_call = [max(i for i, sources in enumerate(step.sources_per_call) if src in sources) for src in srcs]
+    assert last_call == [1, 4, 3]
+    assert batched[2][0].finish_reason is FinishReason.EOS
+
+
+def test_generate_without_sources_returns_empty() -> None:
+    assert generate(RandomStep(seed=0), [], SearchOptions(), BOS, EOS, MAX_POSITIONS) == []
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"beam_size": 0}, r"beam_size must be between 1 and 16, got 0"),
+    ({"beam_size": 10**6}, r"beam_size must be between 1 and 16, got 1000000"),
+    ({"beam_size": 2, "num_hypotheses": 3}, r"num_hypotheses must be between 1 and 2, got 3"),
+    ({"max_output_tokens": -1}, r"max_output_tokens must be at least 1, got -1"),
+    ({"min_output_tokens": -1}, r"min_output_tokens must be between 0 and 63, got -1"),
+    ({"max_output_tokens": 3, "min_output_tokens": 3}, r"min_output_tokens must be less than max_output_tokens"),
+    ({"max_len_a": -0.5}, r"max_len_a must be a finite number between 0 and 100, got -0.5"),
+    ({"max_len_b": -1}, r"max_len_b must be at least 0, got -1"),
+    ({"no_repeat_ngram_size": -1}, r"no_repeat_ngram_size must be between 0 and 64, got -1"),
+    ({"length_penalty": math.nan}, r"length_penalty must be a finite number between 0 and 10, got nan"),
+    ({"length_penalty": math.inf}, r"length_penalty must be a finite number between 0 and 10, got inf"),
+    ({"repetition_penalty": math.nan}, r"repetition_penalty must be a finite number .*, got nan"),
+    ({"repetition_penalty": -math.inf}, r"repetition_penalty must be a finite number .*, got -inf"),
+    ({"repetition_penalty": 0.0}, r"repetition_penalty must be a finite number between 0.01 and 10, got 0.0"),
+    ({"target_prefix": (2,) * 64}, r"target_prefix must have fewer than 64 tokens, got 64"),
+    ({"target_prefix": (2, -1)}, r"target_prefix must hold token ids >= 0"),
+])
+def test_options_validate_rejects(fields: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SearchOptions(**fields).validate(MAX_POSITIONS)
+
+
+def test_options_validate_collects_all_problems() -> None:
+    with pytest.raises(ValueError, match=r"beam_size must .*; length_penalty must .*; max_len_b must"):
+        SearchOptions(beam_size=0, length_penalty=math.nan, max_len_b=-1).validate(MAX_POSITIONS)
+
+
+def test_options_validate_accepts_defaults_and_clamps_long_max_output() -> None:
+    SearchOptions().validate(MAX_POSITIONS)
+    SearchOptions(beam_size=16, num_hypotheses=16, max_output_tokens=10**6).validate(MAX_POSITIONS)
+
+
+def test_generate_rejects_invalid_options_before_stepping() -> None:
+    step = RandomStep(seed=0)
+    with pytest.raises(ValueError, match="beam_size"):
+        generate(step, [(2,)], SearchOptions(beam_size=0), BOS, EOS, MAX_POSITIONS)
+    assert step.rows_per_call == []
+
+
+def test_searcher_rejects_eos_in_target_prefix() -> None:
+    with pytest.raises(ValueError, match="target_prefix must not contain eos_id 1"):
+        GreedySearch(SearchOptions(target_prefix=(2, EOS)), 3, BOS, EOS, MAX_POSITIONS)

@@ -1,0 +1,91 @@
+"""nmt-train and nmt-eval on the tiny preset: checkpoint contents, exact resume, eval reproduces train.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.batching import make_batch, plan_batches
+from model.checkpoint import load_checkpoint
+from model.evaluate import main as eval_main
+from model.train import learning_rate, TrainSettings
+from model.train import main as train_main
+
+
+def train_args(corpus: dict[str, Path], out: Path, max_steps: int) -> list[str]:
+    return ["--train", str(corpus["train"]), "--valid", str(corpus["valid"]), "--out", str(out), "--preset", "tiny",
+            "--max-steps", str(max_steps), "--eval-every", "6", "--log-every", "1", "--max-tokens", "300",
+            "--warmup-steps", "4", "--valid-bleu-size", "5"]  # fmt: skip
+
+
+def test_plan_batches_respects_token_budget_and_covers_every_pair() -> None:
+    rng = np.random.default_rng(0)
+    lengths = [(int(a), int(b)) for a, b in rng.integers(1, 30, size=(200, 2))]
+    batches = plan_batches(lengths, max_tokens=120, rng=np.random.default_rng(1))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(200))
+    for batch in batches:
+        longest = max(max(lengths[i]) + 1 for i in batch)
+        assert len(batch) == 1 or len(batch) * longest <= 120
+
+
+def test_make_batch_adds_bos_eos_and_padding() -> None:
+    batch = make_batch([([5, 6], [7]), ([8], [9, 10, 11])])
+    assert batch.src_ids.tolist() == [[5, 6, 2], [8, 2, 0]]
+    assert batch.tgt_in.tolist() == [[1, 7, 0, 0], [1, 9, 10, 11]]
+    assert batch.tgt_out.tolist() == [[7, 2, 0, 0], [9, 10, 11, 2]]
+    assert batch.n_tgt_tokens == 6
+
+
+def test_learning_rate_warms_up_then_decays_as_inverse_sqrt() -> None:
+    settings = TrainSettings(peak_lr=1e-3, warmup_steps=100)
+    assert learning_rate(50, settings) == pytest.approx(5e-4)
+    assert learning_rate(100, settings) == pytest.approx(1e-3)
+    assert learning_rate(400, settings) == pytest.approx(5e-4)
+
+
+def test_train_writes_checkpoint_dir(tiny_checkpoint: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "train.json", "last/trainer_state.pt"):
+        assert (tiny_checkpoint / name).is_file(), name
+    info = json.loads((tiny_checkpoint / "train.json").read_text())
+    assert info["steps"] == 20
+    assert [v["step"] for v in info["validations"]] == [10, 20]
+    assert {"bleu", "chrf", "valid_nll"} <= set(info["best"])
+    checkpoint = load_checkpoint(tiny_checkpoint)
+    assert checkpoint.config.vocab_size == checkpoint.tokenizer.vocab_size
+
+
+def test_train_loss_decreases(tiny_checkpoint: Path) -> None:
+    curve = json.loads((tiny_checkpoint / "train.json").read_text())["loss_curve"]
+    assert curve[-1][1] < curve[0][1]
+
+
+def test_train_resume_continues_the_same_loss_curve(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train_main(train_args(tiny_corpus, straight, 12)) == 0
+    assert train_main(train_args(tiny_corpus, resumed, 6)) == 0
+    assert train_main([*train_args(tiny_corpus, resumed, 12), "--resume"]) == 0
+    straight_info = json.loads((straight / "train.json").read_text())
+    resumed_info = json.loads((resumed / "train.json").read_text())
+    assert len(straight_info["loss_curve"]) == 12
+    # Same batches, same dropout masks, same optimizer state: the curves are identical, not just close.
+    assert resumed_info["loss_curve"] == straight_info["loss_curve"]
+    assert resumed_info["validations"] == straight_info["validations"]
+
+
+def test_train_requires_a_limit(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    args = train_args(tiny_corpus, tmp_path, 0)
+    with pytest.raises(SystemExit, match="--max-steps or --max-minutes"):
+        train_main(args)
+
+
+def test_eval_reproduces_the_validation_bleu(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    best = json.loads((tiny_checkpoint / "train.json").read_text())["best"]
+    output = tiny_checkpoint / "hyps.txt"
+    assert eval_main([str(tiny_checkpoint), "--test", str(tiny_corpus["valid"]), "--beam", "1", "--limit", "10", "--output", str(output)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["bleu"] == pytest.approx(best["bleu"], abs=0.1)
+    assert result["chrf"] == pytest.approx(best["chrf"], abs=0.1)
+    assert len(output.read_text().splitlines()) == 10
