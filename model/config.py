@@ -68,7 +68,7 @@ class ModelConfig:
 
 # Training presets (nmt-train --preset). `tiny` is for tests; `small` is the shipped default size.
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(vocab_size=256, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_positions=64),
+    "tiny": ModelConfig(vocab_size=256, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_positions=96),
     "small": ModelConfig(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024),
     "base": ModelConfig(vocab_size=16000, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
 }

@@ -13,7 +13,7 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint, load_train_info, save_train_info
 from model.corpus import read_tsv
 from model.search import SearchOptions, generate
 from model.tokenizer import Tokenizer
@@ -55,6 +55,13 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, flo
     }
 
 
+def record_result(checkpoint: Path, name: str, result: dict[str, object]) -> None:
+    """Keep a test score in train.json, so that a later nmt-eval run can be compared with it."""
+    info = load_train_info(checkpoint)
+    info.setdefault("test", {})[name] = result
+    save_train_info(info, checkpoint)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-eval", description=__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
@@ -64,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per search batch")
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
     parser.add_argument("--output", type=Path, help="hypotheses file (default: CHECKPOINT/hyps.<test>.beam<K>.txt)")
+    parser.add_argument("--record", action="store_true", help="store the scores in CHECKPOINT/train.json under test.<name>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     return parser
 
@@ -86,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
     result = {"test": str(args.test), "sentences": len(pairs), "beam": args.beam, **scores}
     sys.stdout.write(json.dumps(result) + "\n")
+    if args.record:
+        record_result(args.checkpoint, f"beam{args.beam}" if args.beam > 1 else "greedy", result)
     logger.info("hypotheses written to %s", output)
     return 0
 

@@ -48,3 +48,18 @@ def tiny_checkpoint(tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempP
             "--valid-bleu-size", "10", "--no-bf16"]  # fmt: skip
     assert train_main(args) == 0
     return out
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow (minutes each)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import os
+
+    if config.getoption("--run-slow") or os.environ.get("NMT_RUN_SLOW") == "1":
+        return
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or NMT_RUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip_slow)

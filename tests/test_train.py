@@ -84,8 +84,10 @@ def test_train_requires_a_limit(tiny_corpus: dict[str, Path], tmp_path: Path) ->
 def test_eval_reproduces_the_validation_bleu(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     best = json.loads((tiny_checkpoint / "train.json").read_text())["best"]
     output = tiny_checkpoint / "hyps.txt"
-    assert eval_main([str(tiny_checkpoint), "--test", str(tiny_corpus["valid"]), "--beam", "1", "--limit", "10", "--output", str(output)]) == 0
+    args = [str(tiny_checkpoint), "--test", str(tiny_corpus["valid"]), "--beam", "1", "--limit", "10", "--output", str(output), "--record"]
+    assert eval_main(args) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((tiny_checkpoint / "train.json").read_text())["test"]["greedy"] == result
     assert result["bleu"] == pytest.approx(best["bleu"], abs=0.1)
     assert result["chrf"] == pytest.approx(best["chrf"], abs=0.1)
     assert len(output.read_text().splitlines()) == 10

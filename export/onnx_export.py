@@ -1,0 +1,156 @@
+"""nmt-export: checkpoint dir -> model dir (encoder.onnx, decoder.onnx, tokenizer.json, manifest.json), then parity."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime
+import torch
+
+from export.graphs import (
+    DECODER_INPUTS,
+    ENCODER_INPUTS,
+    DecoderStepGraph,
+    EncoderGraph,
+    encoder_output_names,
+    example_decoder_inputs,
+    example_encoder_inputs,
+    past_names,
+    present_names,
+)
+from export.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
+from export.optimize import convert_precision
+from model.checkpoint import TOKENIZER_FILE, load_checkpoint
+from model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+DEFAULT_OPSET = 23
+
+ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
+
+
+def export_encoder(model: Transformer, path: Path, opset: int) -> None:
+    dims = {0: "sources", 1: "src_len"}
+    torch.onnx.export(
+        EncoderGraph(model), example_encoder_inputs(model), str(path), dynamo=True, opset_version=opset,
+        input_names=ENCODER_INPUTS, output_names=encoder_output_names(model.config.n_decoder_layers),
+        dynamic_shapes={"src_ids": dims, "src_mask": dims}, external_data=False, verbose=False,
+    )  # fmt: skip
+
+
+def export_decoder(model: Transformer, path: Path, opset: int) -> None:
+    n_layers = model.config.n_decoder_layers
+    rows = {0: "rows"}
+    caches = tuple({0: "cache_rows", 2: "past_len"} for _ in range(2 * n_layers)) + tuple({0: "sources", 2: "src_len"} for _ in range(2 * n_layers))
+    dynamic_shapes = {
+        "tgt_ids": rows, "positions": rows, "cache_index": rows, "past_mask": {0: "rows", 1: "past_len"},
+        "source_index": rows, "src_mask": {0: "sources", 1: "src_len"}, "caches": caches,
+    }  # fmt: skip
+    torch.onnx.export(
+        DecoderStepGraph(model), example_decoder_inputs(model), str(path), dynamo=True, opset_version=opset,
+        input_names=DECODER_INPUTS + past_names(n_layers) + encoder_output_names(n_layers),
+        output_names=["log_probs", *present_names(n_layers)], dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
+    )  # fmt: skip
+
+
+def tensor_specs(values: Sequence[onnx.ValueInfoProto]) -> tuple[TensorSpec, ...]:
+    specs = []
+    for value in values:
+        tensor_type = value.type.tensor_type
+        shape = tuple(dim.dim_param or dim.dim_value for dim in tensor_type.shape.dim)
+        specs.append(TensorSpec(value.name, ONNX_DTYPES.get(tensor_type.elem_type, str(tensor_type.elem_type)), shape))
+    return tuple(specs)
+
+
+def graph_spec(path: Path) -> GraphSpec:
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return GraphSpec(path.name, tensor_specs(graph.input), tensor_specs(graph.output))
+
+
+def export_graphs(model: Transformer, out: Path, precision: str, opset: int) -> dict[str, float]:
+    """Write encoder.onnx and decoder.onnx at `precision`; returns seconds per stage."""
+    timings = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_dir = out if precision == "fp32" else Path(tmp)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter warns about every un-needed torchvision op
+            for name, export in ((ENCODER_FILE, export_encoder), (DECODER_FILE, export_decoder)):
+                started = time.perf_counter()
+                export(model, fp32_dir / name, opset)
+                timings[f"export_{name}"] = round(time.perf_counter() - started, 2)
+        for name in (ENCODER_FILE, DECODER_FILE):
+            if precision != "fp32":
+                started = time.perf_counter()
+                convert_precision(fp32_dir / name, out / name, precision)
+                timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
+            onnx.checker.check_model(str(out / name))
+    return timings
+
+
+def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str, version: str, opset: int = DEFAULT_OPSET) -> Manifest:
+    """The export pipeline: load, export, convert precision, check, write manifest. Parity is separate."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    checkpoint = load_checkpoint(checkpoint_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    timings = export_graphs(checkpoint.model, out, precision, opset)
+    shutil.copyfile(checkpoint_dir / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, model_name=name, model_version=version, source_language="de", target_language="en",
+        config=checkpoint.config, precision=precision, opset=opset,
+        graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)},
+        files={}, parity={},
+        created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+                    "checkpoint": str(checkpoint_dir), "export_seconds": timings},
+    )  # fmt: skip
+    manifest = write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE])
+    logger.info("exported %s (%s) in %.1f s: %s", out, precision, sum(timings.values()), file_sizes(out))
+    return manifest
+
+
+def file_sizes(directory: Path) -> dict[str, str]:
+    return {path.name: f"{path.stat().st_size / 1e6:.1f} MB" for path in sorted(directory.iterdir()) if path.is_file()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-export", description=__doc__)
+    parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
+    parser.add_argument("--out", type=Path, required=True, help="model dir to write")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--name", default="", help="model name in the manifest (default: the checkpoint dir's name)")
+    parser.add_argument("--version", default="", help="model version (default: steps from train.json)")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument("--parity-test", type=Path, help="TSV for token/text parity (default: tensor parity only)")
+    parser.add_argument("--parity-limit", type=int, default=0, help="only the first N test pairs (0 = all)")
+    parser.add_argument("--no-parity", action="store_true", help="skip parity (the manifest then says so)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from export.parity import run_parity  # imported late: parity pulls in sacrebleu
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    info: dict[str, Any] = load_checkpoint(args.checkpoint).train_info
+    name = args.name or args.checkpoint.resolve().name
+    version = args.version or f"step-{info.get('steps', 0)}"
+    export_model_dir(args.checkpoint, args.out, args.precision, name, version, args.opset)
+    if not args.no_parity:
+        run_parity(args.out, args.checkpoint, args.parity_test, args.parity_limit)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""nmt-parity: the ONNX model dir against the PyTorch checkpoint at three levels: tensors, tokens, text."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from export.manifest import update_parity
+from export.ort_step import OrtStep
+from model.checkpoint import load_checkpoint
+from model.corpus import read_tsv
+from model.evaluate import score
+from model.search import Hypothesis, SearchOptions, generate
+from model.torch_step import TorchStep
+
+logger = logging.getLogger(__name__)
+
+TENSOR_STEPS = 65  # past lengths 0..64
+JOIN_STEPS = (0, 1, 7, 20, 41)  # rows join at these steps, so one call mixes positions 0..64
+SEARCHES = {"greedy": SearchOptions(beam_size=1), "beam4": SearchOptions(beam_size=4)}
+
+
+def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Sequence[int]], seed: int = 0) -> dict[str, Any]:
+    """Both steps in lockstep on the same rows: staggered joins, random beam-like reorders, random tokens.
+
+    Reports the max |diff| of log-probs and of the real (unmasked) present K/V slots.
+    """
+    rng = np.random.default_rng(seed)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    vocab = torch_step.vocab_size
+    rows = 0
+    max_log_prob_diff = max_cache_diff = 0.0
+    steps = min(TENSOR_STEPS, torch_step.model.config.max_positions)  # position t is fed at step t
+    for t in tqdm(range(steps), desc="parity tensors", unit="step"):
+        # Existing rows continue from random parents (duplicates = beam expansion); new ones join at position 0.
+        parents = rng.integers(0, rows, size=rows) if rows else np.zeros(0, dtype=np.int64)
+        joining = len(sources) * int(t in JOIN_STEPS)
+        parents = np.concatenate([parents, np.full(joining, -1)]).astype(np.int64)
+        rows = len(parents)
+        source_index = rng.integers(0, len(sources), size=rows)
+        tgt_ids = rng.integers(4, vocab, size=rows)
+        expected = torch_step(source_index, parents, tgt_ids)
+        actual = ort_step(source_index, parents, tgt_ids)
+        max_log_prob_diff = max(max_log_prob_diff, float(np.abs(expected - actual).max()))
+        real = ort_step.past_mask[:, None, :, None]  # (R, 1, P, 1)
+        for (key, value), ort_key, ort_value in zip(torch_step.past, ort_step.past[0::2], ort_step.past[1::2], strict=True):
+            for reference, candidate in ((key.numpy(), ort_key), (value.numpy(), ort_value)):
+                max_cache_diff = max(max_cache_diff, float(np.abs(np.where(real, reference - candidate, 0.0)).max()))
+    return {"steps": steps, "final_rows": rows, "max_abs_log_prob_diff": max_log_prob_diff, "max_abs_present_kv_diff": max_cache_diff}
+
+
+def decode_all(step: Any, sources: Sequence[Sequence[int]], options: SearchOptions, config: Any, batch_size: int, desc: str) -> list[Hypothesis]:
+    """Best hypothesis per source, in length-sorted batches."""
+    order = sorted(range(len(sources)), key=lambda index: len(sources[index]))
+    best: list[Hypothesis | None] = [None] * len(sources)
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
+        batch = order[start : start + batch_size]
+        results = generate(step, [sources[i] for i in batch], options, config.bos_id, config.eos_id, config.max_positions)
+        for index, hypotheses in zip(batch, results, strict=True):
+            best[index] = hypotheses[0]
+    return [hypothesis for hypothesis in best if hypothesis is not None]
+
+
+def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs: Sequence[tuple[str, str]], config: Any) -> dict[str, Any]:
+    """Token ids of greedy and beam 4 through both steps; BLEU of each against the references."""
+    sources = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch([src for src, _ in pairs])]
+    references = [ref for _, ref in pairs]
+    report: dict[str, Any] = {}
+    for name, options in SEARCHES.items():
+        expected = decode_all(torch_step, sources, options, config, 64, f"{name} torch")
+        actual = decode_all(ort_step, sources, options, config, 64, f"{name} onnx")
+        identical = sum(a.token_ids == b.token_ids for a, b in zip(expected, actual, strict=True))
+        torch_text = [" ".join(tokenizer.decode(h.token_ids).splitlines()) for h in expected]
+        onnx_text = [" ".join(tokenizer.decode(h.token_ids).splitlines()) for h in actual]
+        torch_scores, onnx_scores = score(torch_text, references), score(onnx_text, references)
+        report[name] = {
+            "sentences": len(sources),
+            "identical_tokens": identical,
+            "identical_ratio": round(identical / max(len(sources), 1), 4),
+            "identical_text": sum(a == b for a, b in zip(torch_text, onnx_text, strict=True)),
+            "bleu_torch": torch_scores["bleu"],
+            "bleu_onnx": onnx_scores["bleu"],
+            "bleu_delta": round(onnx_scores["bleu"] - torch_scores["bleu"], 2),
+            "chrf_torch": torch_scores["chrf"],
+            "chrf_onnx": onnx_scores["chrf"],
+        }
+    return report
+
+
+def random_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Stand-in sentences when no test TSV is given: German-looking words, no reference quality implied."""
+    rng = np.random.default_rng(seed)
+    words = ["ich", "habe", "Hunger", "wo", "ist", "der", "Bahnhof", "das", "Wetter", "heute", "schön", "Haus", "groß"]
+    return [(" ".join(rng.choice(words, size=int(rng.integers(1, 12)))) + ".", "") for _ in range(count)]
+
+
+def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, limit: int = 0) -> dict[str, Any]:
+    """All three levels; the report goes into the model dir's manifest.json and is printed as a table."""
+    started = time.perf_counter()
+    checkpoint = load_checkpoint(checkpoint_dir)
+    torch_step, ort_step = TorchStep(checkpoint.model), OrtStep(model_dir)
+    config = checkpoint.config
+    pairs = read_tsv(str(test)) if test else random_pairs(32)
+    if limit:
+        pairs = pairs[:limit]
+    tensor_sources = checkpoint.tokenizer.encode_batch([src for src, _ in pairs[:5]])
+    report: dict[str, Any] = {
+        "precision": ort_step.manifest.precision,
+        "provider": ort_step.decoder.get_providers()[0],
+        "test": str(test) if test else "random sentences (no references)",
+        "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
+        "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),
+    }
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    update_parity(model_dir, report)
+    sys.stdout.write(format_report(report) + "\n")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    tensors = report["tensors"]
+    lines = [
+        f"parity {report['precision']} on {report['provider']} ({report['test']})",
+        "",
+        "| level | check | value |",
+        "|---|---|---|",
+        f"| tensors | max abs log-prob diff ({tensors['steps']} steps, past 0..{tensors['steps'] - 1}) | {tensors['max_abs_log_prob_diff']:.2e} |",
+        f"| tensors | max abs present K/V diff | {tensors['max_abs_present_kv_diff']:.2e} |",
+    ]
+    for name, result in report["search"].items():
+        lines.append(f"| tokens | {name}: identical token ids | {result['identical_tokens']}/{result['sentences']} ({100 * result['identical_ratio']:.1f}%) |")
+        lines.append(f"| text | {name}: BLEU torch / onnx (delta) | {result['bleu_torch']:.2f} / {result['bleu_onnx']:.2f} ({result['bleu_delta']:+.2f}) |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-parity", description=__doc__)
+    parser.add_argument("model_dir", type=Path, help="exported model dir (manifest.json, encoder.onnx, decoder.onnx)")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint dir it was exported from")
+    parser.add_argument("--test", type=Path, help="TSV of German<TAB>English pairs (default: random sentences, no BLEU)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    run_parity(args.model_dir, args.checkpoint, args.test, args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

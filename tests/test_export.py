@@ -1,0 +1,148 @@
+"""nmt-export and parity on the tiny checkpoint: fp32 and int8 model dirs, empty past, mixed rows, broken files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from export.manifest import ModelDirError, load_model_dir
+from export.onnx_export import main as export_main
+from export.ort_step import OrtStep
+from export.parity import run_parity
+from model.checkpoint import load_checkpoint
+from model.torch_step import TorchStep
+
+
+@pytest.fixture(scope="session")
+def fp32_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("onnx-fp32")
+    assert export_main([str(tiny_checkpoint), "--out", str(out), "--parity-test", str(tiny_corpus["test"])]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def int8_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("onnx-int8")
+    assert export_main([str(tiny_checkpoint), "--out", str(out), "--precision", "int8", "--parity-test", str(tiny_corpus["test"])]) == 0
+    return out
+
+
+def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
+    manifest = load_model_dir(fp32_dir)
+    assert manifest.precision == "fp32"
+    assert set(manifest.files) == {"encoder.onnx", "decoder.onnx", "tokenizer.json"}
+    for name in ("encoder.onnx", "decoder.onnx"):
+        onnx.checker.check_model(str(fp32_dir / name))
+    decoder_inputs = manifest.input_names("decoder")
+    assert list(decoder_inputs[:6]) == ["tgt_ids", "positions", "cache_index", "past_mask", "source_index", "src_mask"]
+    assert manifest.output_names("decoder")[0] == "log_probs"
+
+
+def test_export_has_one_decoder_graph_without_control_flow(fp32_dir: Path) -> None:
+    graph = onnx.load(str(fp32_dir / "decoder.onnx")).graph
+    assert not {"If", "Loop", "Scan"} & {node.op_type for node in graph.node}
+    assert sorted(path.name for path in fp32_dir.glob("*.onnx")) == ["decoder.onnx", "encoder.onnx"]
+
+
+def test_export_fp32_parity_in_manifest(fp32_dir: Path) -> None:
+    parity = load_model_dir(fp32_dir).parity
+    assert parity["tensors"]["max_abs_log_prob_diff"] <= 1e-4
+    assert parity["tensors"]["max_abs_present_kv_diff"] <= 1e-4
+    for name in ("greedy", "beam4"):
+        assert parity["search"][name]["identical_ratio"] == 1.0
+        assert parity["search"][name]["bleu_delta"] == 0.0
+
+
+def test_export_empty_past_first_step_matches_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    model = load_checkpoint(tiny_checkpoint).model
+    sources = [[5, 6, 7, 8], [9], [10, 11]]
+    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    args = (np.array([0, 1, 2]), np.array([-1, -1, -1]), np.full(3, model.config.bos_id))
+    np.testing.assert_allclose(ort_step(*args), torch_step(*args), atol=1e-4)
+    assert ort_step.past[0].shape[2] == 1  # the present of an empty past holds one slot
+
+
+def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """Batch of 4 rows: two continue (one duplicated, as in a beam), one joins at position 0, sources of 3 lengths."""
+    model = load_checkpoint(tiny_checkpoint).model
+    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]]
+    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    calls = [
+        (np.array([0, 1]), np.array([-1, -1]), np.array([1, 1])),
+        (np.array([0, 1]), np.array([0, 1]), np.array([20, 21])),
+        (np.array([0, 0, 1, 2]), np.array([0, 0, 1, -1]), np.array([22, 23, 24, 1])),
+        (np.array([0, 2, 1, 0]), np.array([1, 3, 2, 0]), np.array([25, 26, 27, 28])),
+    ]
+    for call in calls:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+    assert ort_step.positions.tolist() == [4, 2, 4, 4]
+
+
+def test_export_int8_has_parity_report(int8_dir: Path) -> None:
+    manifest = load_model_dir(int8_dir)
+    assert manifest.precision == "int8"
+    graph = onnx.load(str(int8_dir / "decoder.onnx")).graph
+    assert any(node.op_type in {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"} for node in graph.node)
+    search = manifest.parity["search"]
+    assert {"greedy", "beam4"} <= set(search)
+    assert 0.0 <= search["greedy"]["identical_ratio"] <= 1.0
+
+
+def copy_dir(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "model"
+    shutil.copytree(source, target)
+    return target
+
+
+def test_model_dir_corrupted_onnx_named(fp32_dir: Path, tmp_path: Path) -> None:
+    broken = copy_dir(fp32_dir, tmp_path)
+    data = bytearray((broken / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (broken / "decoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelDirError, match="decoder.onnx: sha256 mismatch"):
+        OrtStep(broken)
+
+
+def test_model_dir_unloadable_onnx_named_even_with_matching_hash(fp32_dir: Path, tmp_path: Path) -> None:
+    """A garbage file whose hash was (wrongly) updated still fails with the file's name."""
+    broken = copy_dir(fp32_dir, tmp_path)
+    (broken / "encoder.onnx").write_bytes(b"not an onnx model")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    from export.manifest import sha256_file
+
+    manifest["files"]["encoder.onnx"] = sha256_file(broken / "encoder.onnx")
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="encoder.onnx: onnxruntime cannot load it"):
+        OrtStep(broken)
+
+
+def test_model_dir_manifest_hash_mismatch_named(fp32_dir: Path, tmp_path: Path) -> None:
+    broken = copy_dir(fp32_dir, tmp_path)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = "0" * 64
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelDirError, match="tokenizer.json: sha256 mismatch"):
+        load_model_dir(broken)
+
+
+def test_model_dir_missing_file_named(fp32_dir: Path, tmp_path: Path) -> None:
+    broken = copy_dir(fp32_dir, tmp_path)
+    (broken / "encoder.onnx").unlink()
+    with pytest.raises(ModelDirError, match="encoder.onnx: missing"):
+        load_model_dir(broken)
+
+
+def test_parity_reports_random_sentences_without_a_test_file(fp32_dir: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    target = copy_dir(fp32_dir, tmp_path)
+    report = run_parity(target, tiny_checkpoint)
+    assert report["search"]["greedy"]["identical_ratio"] == 1.0
+    assert load_model_dir(target).parity == json.loads(json.dumps(report))
