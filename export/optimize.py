@@ -17,9 +17,12 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     The model's mask bias is -1e4, finite in fp16 (-inf or -1e9 would turn a fully masked row into NaN).
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
-    onnx.save(model, str(target))
+    model = OnnxModel(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True))
+    # The converter appends input casts after their users; onnx.checker wants topological order.
+    model.topological_sort()
+    onnx.save(model.model, str(target))
 
 
 def convert_to_int8(source: Path, target: Path) -> None:
