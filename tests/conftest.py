@@ -50,6 +50,16 @@ def tiny_checkpoint(tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempP
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint exported to an fp32 model dir through nmt-export, parity included."""
+    from export.onnx_export import main as export_main
+
+    out = tmp_path_factory.mktemp("onnx-fp32")
+    assert export_main([str(tiny_checkpoint), "--out", str(out), "--parity-test", str(tiny_corpus["test"])]) == 0
+    return out
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow (minutes each)")
 

@@ -19,10 +19,8 @@ from model.torch_step import TorchStep
 
 
 @pytest.fixture(scope="session")
-def fp32_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("onnx-fp32")
-    assert export_main([str(tiny_checkpoint), "--out", str(out), "--parity-test", str(tiny_corpus["test"])]) == 0
-    return out
+def fp32_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session", params=["int8", "fp16"])

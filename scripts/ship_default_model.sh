@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Evaluate the default checkpoint on the held-out test, export its shipped model dirs and run parity.
+# Usage: bash scripts/ship_default_model.sh [CHECKPOINT] [CORPUS_DIR]   (needs `nmt-corpus --out data/corpus` first)
+set -euo pipefail
+checkpoint=${1:-artifacts/de-en-small}
+corpus=${2:-data/corpus}
+test_tsv="$corpus/test.tsv"
+
+nmt-eval "$checkpoint" --test "$test_tsv" --beam 4 --record
+nmt-eval "$checkpoint" --test "$test_tsv" --beam 1 --record
+for precision in fp32 int8; do
+  nmt-export "$checkpoint" --out "$checkpoint/onnx-$precision" --precision "$precision" --parity-test "$test_tsv"
+done
+du -sh "$checkpoint"/model.safetensors "$checkpoint"/onnx-*

@@ -1,0 +1,305 @@
+"""Engine: iteration-level (continuous) batching; each decoder call runs every live row of every active request.
+
+A request is a per-request searcher from model/search.py plus its rows (a beam of K is K rows).
+Between steps, new requests are encoded and join (their rows start at position 0 with an empty
+past), and finished, cancelled and expired requests leave: the next call's `cache_index` simply
+no longer points at their rows, so nothing is copied to drop them. Each request's tokens are the
+ones it gets alone; only the batch it shares a step with changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.search import Hypothesis, Searcher, SearchOptions, make_searcher
+from server.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+@dataclass
+class Job:
+    """One request inside the engine. `done` is set once `outcome` (and `hypotheses` or `error`) is final."""
+
+    job_id: int
+    src_ids: list[int]
+    options: SearchOptions
+    deadline: float | None  # time.monotonic() seconds; None = no deadline
+    on_tokens: Callable[[Job, np.ndarray], None] | None = None  # greedy streaming: the row's new token
+    searcher: Searcher | None = None
+    slot: int = -1  # row of the cross-K/V pool holding this request's source
+    rows: int = 0  # rows in the next decoder call
+    local_parents: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rows continued, local
+    previous_offset: int = 0  # where this job's rows sat in the last decoder call
+    steps: int = 0
+    cancel_requested: bool = False
+    outcome: Outcome | None = None
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    on_done: Callable[[Job], None] | None = None
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_rows: int = 256  # rows (beams included) in one decoder call
+    max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
+
+
+class Engine:
+    """Not thread-safe by itself except `submit` and `cancel`; one worker thread calls `step`."""
+
+    def __init__(self, runtime: Runtime, limits: EngineLimits = EngineLimits()) -> None:
+        self.runtime = runtime
+        self.config = runtime.config
+        self.limits = limits
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._pending: deque[Job] = deque()
+        self.active: list[Job] = []
+        self._reset_cache()
+        self._reset_pool()
+
+    # ------------------------------------------------------------ interface for other threads
+
+    def submit(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None = None,
+               on_tokens: Callable[[Job, np.ndarray], None] | None = None, on_done: Callable[[Job], None] | None = None) -> Job:
+        """Queue a request (options must already be validated); it joins the batch at the next step."""
+        job = Job(next(self._ids), list(src_ids), options, deadline, on_tokens=on_tokens, on_done=on_done)
+        with self._lock:
+            self._pending.append(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The job's rows leave at the next step (at most one more decoder call includes them)."""
+        job.cancel_requested = True
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.active or self._pending)
+
+    # ------------------------------------------------------------ the step
+
+    def step(self) -> None:
+        """Admit, drop, run one decoder call for all live rows, advance every searcher."""
+        now = time.monotonic()
+        self._drop_leaving(now)
+        joined = self._admit(now)
+        if not self.active:
+            self._reset_cache()
+            self._reset_pool()
+            return
+        source_index, cache_index, tgt_ids, is_new = self._row_inputs(joined)
+        try:
+            log_probs = self._run_decoder(source_index, cache_index, tgt_ids, is_new)
+        except Exception as error:  # a failed run fails the requests in it, not the engine
+            logger.exception("decoder step failed for %d requests", len(self.active))
+            for job in self.active:
+                self._finish(job, Outcome.FAILED, error)
+            self.active = []
+            self._reset_cache()
+            return
+        self._advance(log_probs)
+
+    def _drop_leaving(self, now: float) -> None:
+        keep = []
+        for job in self.active:
+            if job.cancel_requested:
+                self._finish(job, Outcome.CANCELLED)
+            elif job.deadline is not None and now >= job.deadline:
+                self._finish(job, Outcome.EXPIRED)
+            else:
+                keep.append(job)
+        self.active = keep
+
+    def _admit(self, now: float) -> set[int]:
+        """Move pending jobs into the batch while the row budget allows; encode them in one call."""
+        rows = sum(job.rows for job in self.active)
+        cache_tokens = sum(job.rows * self._max_length(job) for job in self.active)
+        admitted: list[Job] = []
+        with self._lock:
+            while self._pending:
+                job = self._pending[0]
+                if job.cancel_requested or (job.deadline is not None and now >= job.deadline):
+                    self._pending.popleft()
+                    # Expired work never reaches the encoder.
+                    self._finish(job, Outcome.CANCELLED if job.cancel_requested else Outcome.EXPIRED)
+                    continue
+                job_rows = job.options.beam_size
+                job_tokens = job_rows * self._max_length(job)
+                over_budget = rows + job_rows > self.limits.max_rows or cache_tokens + job_tokens > self.limits.max_cache_tokens
+                # An empty engine always takes the first request, so one large request cannot wait forever.
+                if over_budget and (self.active or admitted):
+                    break
+                self._pending.popleft()
+                admitted.append(job)
+                rows += job_rows
+                cache_tokens += job_tokens
+        if not admitted:
+            return set()
+        try:
+            self._encode(admitted)
+        except Exception as error:
+            logger.exception("encoder failed for %d requests", len(admitted))
+            for job in admitted:
+                self._finish(job, Outcome.FAILED, error)
+            return set()
+        for job in admitted:
+            job.searcher = make_searcher(job.options, len(job.src_ids), self.config.bos_id, self.config.eos_id, self.config.max_positions)
+            job.rows = len(job.searcher.next_tokens)
+        self.active.extend(admitted)
+        return {job.job_id for job in admitted}
+
+    def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row source slot, past row (-1 = new), fed token; in the order of `self.active`."""
+        sources, parents, tokens = [], [], []
+        for job in self.active:
+            searcher = job.searcher
+            assert searcher is not None
+            if job.job_id in joined:
+                local = np.full(len(searcher.next_tokens), -1, dtype=np.int64)
+            else:
+                local = job.local_parents + job.previous_offset
+            sources.append(np.full(len(local), job.slot, dtype=np.int64))
+            parents.append(local)
+            tokens.append(searcher.next_tokens)
+        cache_index = np.concatenate(parents)
+        return np.concatenate(sources), cache_index, np.concatenate(tokens).astype(np.int64), cache_index < 0
+
+    def _run_decoder(self, source_index: np.ndarray, cache_index: np.ndarray, tgt_ids: np.ndarray, is_new: np.ndarray) -> np.ndarray:
+        gather = np.maximum(cache_index, 0)
+        if self._positions.size == 0:
+            past, past_mask = self.runtime.empty_past(), np.zeros((len(cache_index), 0), dtype=bool)
+            positions, gather = np.zeros(len(cache_index), dtype=np.int64), np.zeros_like(gather)
+        else:
+            past = self._past
+            past_mask = self._past_mask[gather] & ~is_new[:, None]
+            positions = np.where(is_new, 0, self._positions[gather])
+            past, past_mask = self._trim(past, past_mask)
+        log_probs, present = self.runtime.decode(tgt_ids, positions, gather, past_mask, source_index, self._src_mask, past, self._cross)
+        self._past = present
+        self._past_mask = np.concatenate([past_mask, np.ones((len(cache_index), 1), dtype=bool)], axis=1)
+        self._positions = positions + 1
+        return log_probs
+
+    def _trim(self, past: list[np.ndarray], past_mask: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Drop leading past slots no row uses any more (left by requests that finished)."""
+        used = past_mask.any(axis=0)
+        first = int(np.argmax(used)) if used.any() else past_mask.shape[1]
+        # Trimming copies the cache once; worth it only when it saves a good share of every later step.
+        if first < 8 or first * 4 < past_mask.shape[1]:
+            return past, past_mask
+        return [np.ascontiguousarray(layer[:, :, first:]) for layer in past], past_mask[:, first:]
+
+    def _advance(self, log_probs: np.ndarray) -> None:
+        still_active = []
+        offset = 0
+        for job in self.active:
+            searcher = job.searcher
+            assert searcher is not None
+            rows = len(searcher.next_tokens)
+            local_parents = searcher.advance(log_probs[offset : offset + rows])
+            job.steps += 1
+            if local_parents is None:
+                self._finish(job, Outcome.OK)
+            else:
+                job.local_parents, job.previous_offset, job.rows = local_parents, offset, len(local_parents)
+                if job.on_tokens is not None:
+                    job.on_tokens(job, searcher.next_tokens)
+                still_active.append(job)
+            offset += rows
+        self.active = still_active
+        if not self.active:
+            self._reset_cache()
+            self._reset_pool()
+
+    def _max_length(self, job: Job) -> int:
+        return job.options.max_length(len(job.src_ids), self.config.max_positions)
+
+    def _finish(self, job: Job, outcome: Outcome, error: BaseException | None = None) -> None:
+        job.outcome, job.error = outcome, error
+        if outcome is Outcome.OK and job.searcher is not None:
+            job.hypotheses = job.searcher.hypotheses()
+        if job.slot >= 0:
+            self._free_slots.append(job.slot)
+            job.slot = -1
+        job.done.set()
+        if job.on_done is not None:
+            job.on_done(job)
+
+    # ------------------------------------------------------------ caches
+
+    def _reset_cache(self) -> None:
+        self._past: list[np.ndarray] = []
+        self._past_mask = np.zeros((0, 0), dtype=bool)
+        self._positions = np.zeros(0, dtype=np.int64)
+
+    def _reset_pool(self) -> None:
+        """Cross K/V of active sources, one slot per request; freed slots are reused."""
+        shape = (0, self.config.n_heads, 1, self.config.head_dim)
+        self._cross = [np.zeros(shape, dtype=np.float32) for _ in self.runtime.cross_names]
+        self._src_mask = np.zeros((0, 1), dtype=bool)
+        self._free_slots: list[int] = []
+
+    def _encode(self, jobs: list[Job]) -> None:
+        config = self.config
+        width = max(len(job.src_ids) for job in jobs) + 1
+        ids = np.full((len(jobs), width), config.pad_id, dtype=np.int64)
+        for row, job in enumerate(jobs):
+            ids[row, : len(job.src_ids) + 1] = [*job.src_ids, config.eos_id]
+        mask = ids != config.pad_id
+        cross = self.runtime.encode(ids, mask)
+        pool_width = max(width, self._src_mask.shape[1])
+        self._widen_pool(pool_width)
+        new_cross = [self._pad_src(layer, pool_width) for layer in cross]
+        new_mask = np.zeros((len(jobs), pool_width), dtype=bool)
+        new_mask[:, :width] = mask
+        # Reuse freed slots first; append the rest (one copy of the pool per join, not per step).
+        appended = []
+        for row, job in enumerate(jobs):
+            if self._free_slots:
+                job.slot = self._free_slots.pop()
+                for layer, values in zip(self._cross, new_cross, strict=True):
+                    layer[job.slot] = values[row]
+                self._src_mask[job.slot] = new_mask[row]
+            else:
+                job.slot = self._src_mask.shape[0] + len(appended)
+                appended.append(row)
+        if appended:
+            self._cross = [np.concatenate([layer, values[appended]]) for layer, values in zip(self._cross, new_cross, strict=True)]
+            self._src_mask = np.concatenate([self._src_mask, new_mask[appended]])
+
+    def _widen_pool(self, width: int) -> None:
+        if width > self._src_mask.shape[1]:
+            self._cross = [self._pad_src(layer, width) for layer in self._cross]
+            padded = np.zeros((self._src_mask.shape[0], width), dtype=bool)
+            padded[:, : self._src_mask.shape[1]] = self._src_mask
+            self._src_mask = padded
+
+    @staticmethod
+    def _pad_src(layer: np.ndarray, width: int) -> np.ndarray:
+        if layer.shape[2] == width:
+            return layer
+        padded = np.zeros((*layer.shape[:2], width, layer.shape[3]), dtype=layer.dtype)
+        padded[:, :, : layer.shape[2]] = layer
+        return padded

@@ -1,0 +1,93 @@
+"""Runtime: ONNX Runtime sessions for a verified model dir (CUDA when present, else CPU), with warm-up."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from export.manifest import Manifest, load_model_dir
+from export.ort_step import available_providers, make_session
+from model.config import ModelConfig
+from model.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    providers: tuple[str, ...] = ()  # empty = CUDA first when a driver is present, else CPU
+    intra_op_threads: int = 0  # 0 = one per core
+    warmup_rows: int = 64  # the largest decoder batch warm-up runs before the engine reports ready
+    warmup_src_len: int = 64
+
+
+class Runtime:
+    """The encoder and decoder sessions of one model dir; `encode` and `decode` are plain calls."""
+
+    def __init__(self, model_dir: Path, settings: RuntimeSettings = RuntimeSettings()) -> None:
+        self.model_dir = Path(model_dir)
+        self.manifest: Manifest = load_model_dir(self.model_dir)
+        self.config: ModelConfig = self.manifest.config
+        self.tokenizer = Tokenizer.load(self.model_dir / "tokenizer.json")
+        providers = list(settings.providers) or available_providers()
+        self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
+        self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads)
+        self.provider = self.decoder.get_providers()[0]
+        self.cross_names = list(self.manifest.output_names("encoder"))
+        self.present_names = list(self.manifest.output_names("decoder")[1:])
+        self.past_names = [name.replace("present_", "past_") for name in self.present_names]
+        self.settings = settings
+        self.ready = False
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> list[np.ndarray]:
+        """(N, S) ids and mask -> cross K/V per layer, flat [key_0, value_0, key_1, ...], each (N, H, S, Dh)."""
+        return self.encoder.run(self.cross_names, {"src_ids": src_ids, "src_mask": src_mask})
+
+    def decode(
+        self,
+        tgt_ids: np.ndarray,
+        positions: np.ndarray,
+        cache_index: np.ndarray,
+        past_mask: np.ndarray,
+        source_index: np.ndarray,
+        src_mask: np.ndarray,
+        past: list[np.ndarray],
+        cross: list[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder step; see export/graphs.py DecoderStepGraph for the meaning of each input."""
+        feeds = {
+            "tgt_ids": tgt_ids[:, None],
+            "positions": positions,
+            "cache_index": cache_index,
+            "past_mask": past_mask,
+            "source_index": source_index,
+            "src_mask": src_mask,
+            **dict(zip(self.past_names, past, strict=True)),
+            **dict(zip(self.cross_names, cross, strict=True)),
+        }
+        log_probs, *present = self.decoder.run(None, feeds)
+        return log_probs, present
+
+    def empty_past(self) -> list[np.ndarray]:
+        shape = (1, self.config.n_heads, 0, self.config.head_dim)
+        return [np.zeros(shape, dtype=np.float32) for _ in self.past_names]
+
+    def warm_up(self) -> float:
+        """Run the largest configured shapes once, so the first request does not pay for allocation."""
+        started = time.perf_counter()
+        rows, src_len = self.settings.warmup_rows, min(self.settings.warmup_src_len, self.config.max_positions)
+        src_ids = np.full((rows, src_len), self.config.eos_id, dtype=np.int64)
+        src_mask = np.ones((rows, src_len), dtype=bool)
+        cross = self.encode(src_ids, src_mask)
+        index = np.arange(rows, dtype=np.int64)
+        zeros = np.zeros(rows, dtype=np.int64)
+        _, present = self.decode(zeros + self.config.bos_id, zeros, zeros, np.zeros((rows, 0), dtype=bool), index, src_mask, self.empty_past(), cross)
+        self.decode(zeros + self.config.bos_id, zeros + 1, index, np.ones((rows, 1), dtype=bool), index, src_mask, present, cross)
+        self.ready = True
+        seconds = time.perf_counter() - started
+        logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)
+        return seconds

@@ -1,0 +1,73 @@
+"""The shipped default model: its dirs verify, it translates, its recorded parity and test scores hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from export.manifest import load_model_dir
+from export.ort_step import OrtStep
+from model.search import SearchOptions, generate
+from model.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINT = ROOT / "artifacts" / "de-en-small"
+MODEL_DIRS = {"fp32": CHECKPOINT / "onnx-fp32", "int8": CHECKPOINT / "onnx-int8"}
+DING = Path("/usr/share/trans/de-en")
+
+
+def translate_onnx(model_dir: Path, texts: list[str], beam_size: int = 1) -> list[str]:
+    step = OrtStep(model_dir)
+    tokenizer = Tokenizer.load(model_dir / "tokenizer.json")
+    config = step.config
+    results = generate(step, tokenizer.encode_batch(texts), SearchOptions(beam_size=beam_size), config.bos_id, config.eos_id, config.max_positions)
+    return [tokenizer.decode(hypotheses[0].token_ids) for hypotheses in results]
+
+
+def test_default_checkpoint_records_its_test_scores() -> None:
+    info = json.loads((CHECKPOINT / "train.json").read_text())
+    assert info["test"]["beam4"]["sentences"] == 1000
+    assert info["test"]["greedy"]["sentences"] == 1000
+    assert (CHECKPOINT / "model.safetensors").stat().st_size < 40e6
+
+
+@pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
+def test_default_model_dir_verifies_and_translates(precision: str) -> None:
+    manifest = load_model_dir(MODEL_DIRS[precision])
+    assert manifest.precision == precision
+    assert (manifest.source_language, manifest.target_language) == ("de", "en")
+    outputs = translate_onnx(MODEL_DIRS[precision], ["Guten Morgen.", "Ich habe Hunger.", ""])
+    assert all(text.strip() for text in outputs[:2]), outputs
+    # English out: no German letters and no replacement characters from broken byte sequences.
+    assert not any(set(text) & set("äöüÄÖÜß\ufffd") for text in outputs), outputs
+
+
+def test_default_model_dirs_carry_parity_on_the_held_out_test() -> None:
+    fp32 = load_model_dir(MODEL_DIRS["fp32"]).parity
+    assert fp32["tensors"]["max_abs_log_prob_diff"] <= 1e-4
+    assert fp32["search"]["greedy"]["sentences"] == 1000
+    assert fp32["search"]["greedy"]["identical_ratio"] == 1.0
+    assert fp32["search"]["beam4"]["identical_ratio"] == 1.0
+    int8 = load_model_dir(MODEL_DIRS["int8"]).parity
+    assert int8["search"]["greedy"]["identical_ratio"] >= 0.97
+    assert abs(int8["search"]["greedy"]["bleu_delta"]) <= 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DING.exists(), reason="needs the Debian package trans-de-en for the held-out test set")
+def test_default_checkpoint_eval_reproduces_recorded_bleu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from model.corpus import main as corpus_main
+    from model.evaluate import main as eval_main
+
+    assert corpus_main(["--out", str(tmp_path / "corpus")]) == 0
+    recorded = json.loads((CHECKPOINT / "train.json").read_text())["test"]["beam4"]
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(CHECKPOINT, checkpoint, ignore=shutil.ignore_patterns("onnx-*", "last"))
+    capsys.readouterr()
+    assert eval_main([str(checkpoint), "--test", str(tmp_path / "corpus" / "test.tsv"), "--beam", "4"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["bleu"] == pytest.approx(recorded["bleu"], abs=0.1)
+    assert result["chrf"] == pytest.approx(recorded["chrf"], abs=0.1)

@@ -1,0 +1,156 @@
+"""Engine: continuous batching gives every request exactly its alone-result; cancel, expiry, budgets, failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export.ort_step import OrtStep
+from model.search import Hypothesis, SearchOptions, generate
+from server.engine import Engine, EngineLimits, Job, Outcome
+from server.runtime import Runtime, RuntimeSettings
+
+SOURCES = [[5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]]
+GREEDY_LONG = SearchOptions(beam_size=1, min_output_tokens=8, max_output_tokens=14)
+BEAM3 = SearchOptions(beam_size=3, num_hypotheses=2, min_output_tokens=5, max_output_tokens=12)
+GREEDY_SHORT = SearchOptions(beam_size=1, max_output_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model_dir: Path) -> Runtime:
+    runtime = Runtime(tiny_model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8))
+    runtime.warm_up()
+    return runtime
+
+
+def alone(model_dir: Path, source: list[int], options: SearchOptions) -> list[Hypothesis]:
+    config = OrtStep(model_dir).config
+    return generate(OrtStep(model_dir), [source], options, config.bos_id, config.eos_id, config.max_positions)[0]
+
+
+def run_until_done(engine: Engine, jobs: list[Job], max_steps: int = 200) -> None:
+    for _ in range(max_steps):
+        if all(job.done.is_set() for job in jobs):
+            return
+        engine.step()
+    raise AssertionError("engine did not finish")
+
+
+def assert_same(job: Job, expected: list[Hypothesis]) -> None:
+    assert job.outcome is Outcome.OK
+    assert [h.token_ids for h in job.hypotheses] == [h.token_ids for h in expected]
+    assert [h.score for h in job.hypotheses] == pytest.approx([h.score for h in expected], abs=1e-4)
+
+
+def record_calls(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """Count rows per decoder call and sources per encoder call, calling the real sessions."""
+    calls: dict[str, list[int]] = {"decode": [], "encode": []}
+    real_decode, real_encode = runtime.decode, runtime.encode
+
+    def decode(tgt_ids: np.ndarray, *args: object) -> object:
+        calls["decode"].append(len(tgt_ids))
+        return real_decode(tgt_ids, *args)
+
+    def encode(src_ids: np.ndarray, src_mask: np.ndarray) -> object:
+        calls["encode"].append(len(src_ids))
+        return real_encode(src_ids, src_mask)
+
+    monkeypatch.setattr(runtime, "decode", decode)
+    monkeypatch.setattr(runtime, "encode", encode)
+    return calls
+
+
+def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
+    engine = Engine(runtime)
+    plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (2, SOURCES[2], GREEDY_SHORT), (3, SOURCES[3], BEAM3), (5, SOURCES[4], GREEDY_LONG)]
+    jobs: list[tuple[Job, list[int], SearchOptions]] = []
+    for step in range(6):
+        for arrival, source, options in plan:
+            if arrival == step:
+                jobs.append((engine.submit(source, options), source, options))
+        engine.step()
+    run_until_done(engine, [job for job, _, _ in jobs])
+    for job, source, options in jobs:
+        assert_same(job, alone(tiny_model_dir, source, options))
+
+
+def test_engine_cancelled_request_leaves_within_one_step(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record_calls(runtime, monkeypatch)
+    engine = Engine(runtime)
+    victim = engine.submit(SOURCES[3], BEAM3)
+    survivor = engine.submit(SOURCES[0], GREEDY_LONG)
+    for _ in range(3):
+        engine.step()
+    engine.cancel(victim)
+    engine.step()
+    assert victim.outcome is Outcome.CANCELLED
+    assert calls["decode"][-1] == 1  # only the survivor's row ran in the step after cancel
+    run_until_done(engine, [survivor])
+    assert_same(survivor, alone(tiny_model_dir, SOURCES[0], GREEDY_LONG))
+
+
+def test_engine_expired_request_never_reaches_the_model(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record_calls(runtime, monkeypatch)
+    engine = Engine(runtime)
+    expired = engine.submit(SOURCES[0], GREEDY_LONG, deadline=time.monotonic() - 1)
+    engine.step()
+    assert expired.outcome is Outcome.EXPIRED
+    assert calls == {"decode": [], "encode": []}
+
+
+def test_engine_request_expiring_mid_decode_leaves_the_batch(runtime: Runtime, tiny_model_dir: Path) -> None:
+    engine = Engine(runtime)
+    expiring = engine.submit(SOURCES[1], GREEDY_LONG, deadline=time.monotonic() + 3600)
+    other = engine.submit(SOURCES[2], BEAM3)
+    engine.step()
+    expiring.deadline = time.monotonic() - 1  # as if its deadline passed during the step
+    engine.step()
+    assert expiring.outcome is Outcome.EXPIRED
+    assert expiring not in engine.active
+    run_until_done(engine, [other])
+    assert_same(other, alone(tiny_model_dir, SOURCES[2], BEAM3))
+
+
+def test_engine_row_budget_bounds_every_call(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record_calls(runtime, monkeypatch)
+    engine = Engine(runtime, EngineLimits(max_rows=4))
+    jobs = [engine.submit(source, BEAM3) for source in SOURCES[:3]]
+    run_until_done(engine, jobs)
+    assert max(calls["decode"]) <= 4
+    for job, source in zip(jobs, SOURCES, strict=False):
+        assert_same(job, alone(tiny_model_dir, source, BEAM3))
+
+
+def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(runtime)
+    real_decode = runtime.decode
+    failing = {"left": 1}
+
+    def decode(*args: object) -> object:
+        if failing["left"]:
+            failing["left"] -= 1
+            raise RuntimeError("injected ONNX Runtime failure")
+        return real_decode(*args)
+
+    monkeypatch.setattr(runtime, "decode", decode)
+    broken = engine.submit(SOURCES[0], GREEDY_LONG)
+    engine.step()
+    assert broken.outcome is Outcome.FAILED
+    assert "injected" in str(broken.error)
+    later = engine.submit(SOURCES[4], BEAM3)
+    run_until_done(engine, [later])
+    assert_same(later, alone(tiny_model_dir, SOURCES[4], BEAM3))
+
+
+def test_engine_streams_greedy_tokens_as_chosen(runtime: Runtime) -> None:
+    engine = Engine(runtime)
+    streamed: list[int] = []
+    job = engine.submit(SOURCES[0], GREEDY_LONG, on_tokens=lambda _, tokens: streamed.extend(tokens.tolist()))
+    run_until_done(engine, [job])
+    expected = list(job.hypotheses[0].token_ids)
+    # Every chosen token is streamed, except a final one that ends the request (EOS or the length limit).
+    assert streamed == expected[: len(streamed)]
+    assert len(expected) - len(streamed) <= 1
