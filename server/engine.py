@@ -26,6 +26,14 @@ from server.runtime import Runtime
 logger = logging.getLogger(__name__)
 
 
+def notify(callback: Callable[..., None], *args: object) -> None:
+    """Run a caller's callback; its failure (say, a closed event loop) must not break the step for others."""
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception("engine callback failed")
+
+
 class Outcome(enum.Enum):
     OK = "ok"
     CANCELLED = "cancelled"
@@ -225,7 +233,7 @@ class Engine:
             else:
                 job.local_parents, job.previous_offset, job.rows = local_parents, offset, len(local_parents)
                 if job.on_tokens is not None:
-                    job.on_tokens(job, searcher.next_tokens)
+                    notify(job.on_tokens, job, searcher.next_tokens)
                 still_active.append(job)
             offset += rows
         self.active = still_active
@@ -245,7 +253,7 @@ class Engine:
             job.slot = -1
         job.done.set()
         if job.on_done is not None:
-            job.on_done(job)
+            notify(job.on_done, job)
 
     # ------------------------------------------------------------ caches
 

@@ -1,0 +1,153 @@
+"""Scheduler: the asyncio face of the engine — bounded admission, deadlines, cancellation, one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.search import Hypothesis, SearchOptions
+from server.engine import Engine, Job, Outcome
+
+logger = logging.getLogger(__name__)
+
+
+class Rejected(Exception):
+    """Not admitted; `reason` is a low-cardinality label (queue_full, queue_tokens, draining, expired)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RequestFailed(Exception):
+    """Admitted but not completed; `outcome` says why (expired, cancelled, failed)."""
+
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    max_requests: int = 256  # waiting + running requests
+    max_tokens: int = 64 * 1024  # source tokens of waiting + running requests
+
+
+class Scheduler:
+    """Submit from the event loop; ONNX Runtime runs in the worker thread, never on the loop."""
+
+    def __init__(self, engine: Engine, limits: QueueLimits = QueueLimits()) -> None:
+        self.engine = engine
+        self.limits = limits
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="nmt-engine", daemon=True)
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._tokens = 0
+        self.draining = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def queue_depth(self) -> int:
+        return self.engine.pending
+
+    @property
+    def in_flight(self) -> int:
+        return self._requests
+
+    def _work(self) -> None:
+        while not self._stopping.is_set():
+            if not self.engine.has_work:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.engine.step()
+            except Exception:  # the engine fails its own requests; this only keeps the thread alive
+                logger.exception("engine step raised")
+
+    def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:
+        if self.draining:
+            raise Rejected("draining", "server is shutting down")
+        if deadline is not None and time.monotonic() >= deadline:
+            raise Rejected("expired", "deadline passed before admission")
+        with self._lock:
+            if self._requests >= self.limits.max_requests:
+                raise Rejected("queue_full", f"queue full: {self._requests} requests in flight (limit {self.limits.max_requests})")
+            if self._tokens + len(src_ids) > self.limits.max_tokens:
+                raise Rejected("queue_tokens", f"queue full: {self._tokens} source tokens in flight (limit {self.limits.max_tokens})")
+            self._requests += 1
+            self._tokens += len(src_ids)
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            self._requests -= 1
+            self._tokens -= len(job.src_ids)
+
+    async def translate(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None = None) -> list[Hypothesis]:
+        """n-best hypotheses; raises Rejected (not admitted) or RequestFailed. Cancelling the task cancels the job."""
+        self._admit(src_ids, deadline)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[Job] = loop.create_future()
+
+        def on_done(job: Job) -> None:
+            self._release(job)
+            loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(job))
+
+        job = self.engine.submit(src_ids, options, deadline, on_done=on_done)
+        self._wake.set()
+        try:
+            await finished
+        except asyncio.CancelledError:
+            self.engine.cancel(job)
+            raise
+        return self._result(job)
+
+    async def stream(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None = None) -> AsyncIterator[np.ndarray | list[Hypothesis]]:
+        """Yields each step's new token ids (greedy: one id) as chosen, then the final n-best list."""
+        self._admit(src_ids, deadline)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[np.ndarray | Job] = asyncio.Queue()
+
+        def on_tokens(_: Job, tokens: np.ndarray) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, tokens.copy())
+
+        def on_done(job: Job) -> None:
+            self._release(job)
+            loop.call_soon_threadsafe(events.put_nowait, job)
+
+        streaming = options.beam_size == 1  # a beam's best row can change every step: it sends the n-best at the end
+        job = self.engine.submit(src_ids, options, deadline, on_tokens=on_tokens if streaming else None, on_done=on_done)
+        self._wake.set()
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, Job):
+                    yield self._result(event)
+                    return
+                yield event
+        finally:
+            if not job.done.is_set():  # the consumer went away (client cancelled): free the rows
+                self.engine.cancel(job)
+
+    @staticmethod
+    def _result(job: Job) -> list[Hypothesis]:
+        if job.outcome is Outcome.OK:
+            return job.hypotheses
+        assert job.outcome is not None
+        detail = f": {job.error}" if job.error else ""
+        raise RequestFailed(job.outcome, f"request {job.outcome.value}{detail}")
