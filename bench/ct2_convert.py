@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from ctranslate2.converters.converter import Converter
-from ctranslate2.specs import common_spec, transformer_spec
+from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -48,7 +48,9 @@ def set_layer_norm(spec: common_spec.LayerNormSpec, norm: torch.nn.LayerNorm) ->
     spec.beta = to_numpy(norm.bias)
 
 
-def set_attention(spec, attention: MultiHeadAttention, norm: torch.nn.LayerNorm, self_attention: bool) -> None:
+def set_attention(
+    spec: attention_spec.MultiHeadAttentionSpec, attention: MultiHeadAttention, norm: torch.nn.LayerNorm, self_attention: bool
+) -> None:
     """linear[0] is fused q|k|v for self-attention; cross-attention has q, then fused k|v on memory."""
     if self_attention:
         set_fused_linear(spec.linear[0], [attention.q_proj, attention.k_proj, attention.v_proj])

@@ -87,8 +87,9 @@ class SearchOptions:
         _check_int(problems, "max_len_b", self.max_len_b, 0)
         # A row needs room for EOS after its minimum tokens.
         _check_int(problems, "min_output_tokens", self.min_output_tokens, 0, max(max_positions - 1, 0))
-        if self.max_output_tokens is not None and self.min_output_tokens >= self.max_output_tokens:
-            problems.append(f"min_output_tokens must be less than max_output_tokens ({self.max_output_tokens}), "
+        # min == max is allowed: it asks for exactly that many tokens (benchmarks force lengths this way).
+        if self.max_output_tokens is not None and self.min_output_tokens > self.max_output_tokens:
+            problems.append(f"min_output_tokens must be at most max_output_tokens ({self.max_output_tokens}), "
                             f"got {self.min_output_tokens}")
         # p <= 0 would lift penalised tokens to log-prob >= 0, above every real token.
         _check_float(problems, "repetition_penalty", self.repetition_penalty, 0.01, 10.0)

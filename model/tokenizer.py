@@ -52,6 +52,10 @@ class Tokenizer:
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return self._backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=True)
 
+    def token_strings(self) -> list[str]:
+        """Every id's token string, in id order (what peers such as CTranslate2 are fed)."""
+        return [self._backend.id_to_token(token_id) for token_id in range(self.vocab_size)]
+
     def save(self, path: Path) -> None:
         self._backend.save(str(path))
 

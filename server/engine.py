@@ -60,6 +60,7 @@ class Job:
     outcome: Outcome | None = None
     hypotheses: list[Hypothesis] = field(default_factory=list)
     error: BaseException | None = None
+    finished_at: float = 0.0  # time.perf_counter() when the outcome was set
     done: threading.Event = field(default_factory=threading.Event)
     on_done: Callable[[Job], None] | None = None
 
@@ -245,7 +246,7 @@ class Engine:
         return job.options.max_length(len(job.src_ids), self.config.max_positions)
 
     def _finish(self, job: Job, outcome: Outcome, error: BaseException | None = None) -> None:
-        job.outcome, job.error = outcome, error
+        job.outcome, job.error, job.finished_at = outcome, error, time.perf_counter()
         if outcome is Outcome.OK and job.searcher is not None:
             job.hypotheses = job.searcher.hypotheses()
         if job.slot >= 0:

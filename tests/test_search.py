@@ -304,7 +304,7 @@ def test_generate_without_sources_returns_empty() -> None:
     ({"beam_size": 2, "num_hypotheses": 3}, r"num_hypotheses must be between 1 and 2, got 3"),
     ({"max_output_tokens": -1}, r"max_output_tokens must be at least 1, got -1"),
     ({"min_output_tokens": -1}, r"min_output_tokens must be between 0 and 63, got -1"),
-    ({"max_output_tokens": 3, "min_output_tokens": 3}, r"min_output_tokens must be less than max_output_tokens"),
+    ({"max_output_tokens": 3, "min_output_tokens": 4}, r"min_output_tokens must be at most max_output_tokens"),
     ({"max_len_a": -0.5}, r"max_len_a must be a finite number between 0 and 100, got -0.5"),
     ({"max_len_b": -1}, r"max_len_b must be at least 0, got -1"),
     ({"no_repeat_ngram_size": -1}, r"no_repeat_ngram_size must be between 0 and 64, got -1"),

@@ -1,0 +1,134 @@
+"""nmt-bench: our engine against PyTorch and CTranslate2 on the same weights, interleaved; writes bench/results/engine.md."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.open_loop import run_open_loop
+from bench.random_model import build_random_checkpoint
+from bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
+from model.checkpoint import load_checkpoint
+from model.corpus import read_tsv
+
+logger = logging.getLogger(__name__)
+
+
+def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool) -> list[System]:
+    systems: list[System] = [TorchSystem(checkpoint, threads)]
+    if with_ct2:
+        from bench.ct2_convert import convert_checkpoint
+
+        tokenizer = load_checkpoint(checkpoint).tokenizer
+        tokens = tokenizer.token_strings()
+        for quantization, label in ((None, "fp32"), ("int8", "int8")):
+            ct2_dir = convert_checkpoint(checkpoint, work / f"ct2-{label}", quantization)
+            systems.append(CTranslate2System(ct2_dir, tokens, threads, label))
+    for label, model_dir in model_dirs.items():
+        systems.append(EngineSystem(model_dir, threads, label))
+    return systems
+
+
+def time_cells(systems: list[System], sources: list[list[int]], cells: list[Cell], repeats: int) -> dict[tuple[Cell, str], list[float]]:
+    """tokens/s per (cell, system); systems interleaved within every repeat so drift hits all alike."""
+    results: dict[tuple[Cell, str], list[float]] = {}
+    for cell in cells:
+        batch = sources[: cell.batch]
+        for system in systems:
+            system.run(batch, cell)  # warm-up: allocations and caches at this shape
+        for repeat in range(repeats):
+            order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
+            for system in order:
+                started = time.perf_counter()
+                tokens = system.run(batch, cell)
+                results.setdefault((cell, system.name), []).append(tokens / (time.perf_counter() - started))
+        logger.info("cell batch=%d beam=%d done", cell.batch, cell.beam)
+    return results
+
+
+def format_table(title: str, systems: list[System], cells: list[Cell], results: dict[tuple[Cell, str], list[float]]) -> str:
+    names = [system.name for system in systems]
+    lines = [f"### {title}", "", "Median target tokens/s (ratio to the best fp32 peer; ratio of int8 to CTranslate2 int8).", ""]
+    lines.append("| batch | beam | " + " | ".join(names) + " |")
+    lines.append("|---|---|" + "---|" * len(names))
+    for cell in cells:
+        medians = {name: statistics.median(results[(cell, name)]) for name in names}
+        fp32_peers = [medians[name] for name in names if not name.startswith("nmt-serve") and "int8" not in name]
+        best_peer = max(fp32_peers)
+        row = []
+        for name in names:
+            value = f"{medians[name]:.0f}"
+            if name.startswith("nmt-serve") and "fp32" in name:
+                value += f" ({medians[name] / best_peer:.2f}x)"
+            elif name.startswith("nmt-serve") and "int8" in name and "ctranslate2 int8" in medians:
+                value += f" ({medians[name] / medians['ctranslate2 int8']:.2f}x)"
+            row.append(value)
+        lines.append(f"| {cell.batch} | {cell.beam} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def sample_sources(test: Path | None, count: int, vocab_size: int, checkpoint: Path, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    if test is not None and test.is_file():
+        tokenizer = load_checkpoint(checkpoint).tokenizer
+        pairs = rng.sample(read_tsv(str(test)), count)
+        return tokenizer.encode_batch([src for src, _ in pairs])
+    return [[rng.randrange(4, vocab_size) for _ in range(rng.randint(12, 24))] for _ in range(count)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-bench", description=__doc__)
+    parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
+    parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--beams", default="1,4")
+    parser.add_argument("--length", type=int, default=32, help="forced output length")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="default,base", help="default (the shipped model) and/or base (random d512 6+6 V32k)")
+    parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
+    parser.add_argument("--open-loop-seconds", type=float, default=30.0, help="per batching mode; 0 skips the open-loop run")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/engine.md"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    cells = [Cell(int(b), int(k), args.length) for b in args.batches.split(",") for k in args.beams.split(",")]
+    sections = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for model in args.models.split(","):
+            if model == "default":
+                checkpoint, model_dirs = args.checkpoint, {p: args.checkpoint / f"onnx-{p}" for p in ("fp32", "int8")}
+                test = args.test
+            else:
+                checkpoint, model_dirs = build_random_checkpoint(work / "base")
+                test = None
+            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2)
+            vocab = load_checkpoint(checkpoint).config.vocab_size
+            sources = sample_sources(test, max(c.batch for c in cells), vocab, checkpoint)
+            results = time_cells(systems, sources, cells, args.repeats)
+            sections.append(format_table(f"{model} model, output length {args.length}, {args.threads} threads", systems, cells, results))
+            if model == "default" and args.open_loop_seconds > 0:
+                engine_system = next(s for s in systems if isinstance(s, EngineSystem))
+                sections.append(run_open_loop(engine_system.runtime, sources, args.open_loop_seconds))
+    command = "nmt-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    report = f"# Engine benchmark\n\nProduced by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report, encoding="utf-8")
+    sys.stdout.write(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""A base-size random checkpoint (d_model 512, 6+6 layers, FFN 2048, vocab 32k) and its fp32/int8 model dirs, for speed only."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
+
+from export.onnx_export import export_model_dir
+from model.checkpoint import save_weights
+from model.config import PRESETS
+from model.tokenizer import SPECIAL_TOKENS, Tokenizer
+from model.transformer import Transformer
+
+BASE_VOCAB = 32000
+
+
+def build_random_checkpoint(out: Path, seed: int = 0) -> tuple[Path, dict[str, Path]]:
+    """Random weights: only speed is measured on it, so a word-level stand-in vocabulary is enough."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = dataclasses.replace(PRESETS["base"], vocab_size=BASE_VOCAB, dropout=0.0)
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"t{index}": index for index in range(len(SPECIAL_TOKENS), BASE_VOCAB)})
+    Tokenizer(HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))).save(out / "tokenizer.json")
+    save_weights(Transformer(config).eval(), out)
+    model_dirs = {}
+    for precision in ("fp32", "int8"):
+        model_dirs[precision] = out / f"onnx-{precision}"
+        export_model_dir(out, model_dirs[precision], precision, "base-random", "random")
+    return out, model_dirs

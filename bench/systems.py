@@ -1,0 +1,85 @@
+"""The translators nmt-bench compares on the same weights: PyTorch, CTranslate2 (fp32/int8) and our engine (fp32/int8)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from model.checkpoint import load_checkpoint
+from model.search import SearchOptions, generate
+from model.torch_step import TorchStep
+from server.engine import Engine, EngineLimits
+from server.runtime import Runtime, RuntimeSettings
+
+
+@dataclass(frozen=True)
+class Cell:
+    batch: int
+    beam: int
+    length: int  # forced output length (min = max), so every system produces the same number of tokens
+
+
+class System(Protocol):
+    name: str
+
+    def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
+        """Translate `sources` under `cell`; returns the number of generated tokens of the best hypotheses."""
+
+
+def forced_options(cell: Cell) -> SearchOptions:
+    return SearchOptions(beam_size=cell.beam, min_output_tokens=cell.length, max_output_tokens=cell.length)
+
+
+class TorchSystem:
+    """Our PyTorch model through model/search.py (eager, KV cache)."""
+
+    def __init__(self, checkpoint_dir: Path, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.model = load_checkpoint(checkpoint_dir).model
+        self.step = TorchStep(self.model)
+        self.name = "pytorch fp32"
+
+    def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
+        config = self.model.config
+        results = generate(self.step, sources, forced_options(cell), config.bos_id, config.eos_id, config.max_positions)
+        return sum(len(hypotheses[0].token_ids) for hypotheses in results)
+
+
+class EngineSystem:
+    """Our serving engine (continuous batching over ONNX Runtime): all sources submitted at once."""
+
+    def __init__(self, model_dir: Path, threads: int, label: str) -> None:
+        self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16))
+        self.runtime.warm_up()
+        self.engine = Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22))
+        self.name = f"nmt-serve {label}"
+
+    def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
+        options = forced_options(cell)
+        jobs = [self.engine.submit(source, options) for source in sources]
+        while self.engine.has_work:
+            self.engine.step()
+        return sum(len(job.hypotheses[0].token_ids) for job in jobs)
+
+
+class CTranslate2System:
+    """CTranslate2 on a model converted from our checkpoint (bench/ct2_convert.py)."""
+
+    def __init__(self, model_dir: Path, tokens: list[str], threads: int, label: str) -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self.tokens = tokens
+        self.name = f"ctranslate2 {label}"
+
+    def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
+        batch = [[self.tokens[i] for i in source] for source in sources]
+        # CTranslate2 counts the length without BOS; min = max forces exactly `length` tokens.
+        results = self.translator.translate_batch(
+            batch, beam_size=cell.beam, max_decoding_length=cell.length, min_decoding_length=cell.length, max_batch_size=0
+        )
+        return sum(len(result.hypotheses[0]) for result in results)

@@ -1,0 +1,46 @@
+"""nmt-bench pieces on the tiny model: interleaved timing table, open-loop replay in both batching modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.engine_bench import format_table, time_cells
+from bench.open_loop import drive, poisson_arrivals
+from bench.systems import Cell, EngineSystem, TorchSystem
+
+SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+def test_bench_systems_generate_the_forced_length_and_fill_the_table(tiny_checkpoint: Path, tiny_model_dir: Path) -> None:
+    systems = [TorchSystem(tiny_checkpoint, threads=1), EngineSystem(tiny_model_dir, threads=1, label="fp32")]
+    cells = [Cell(batch=3, beam=1, length=5), Cell(batch=2, beam=4, length=5)]
+    for system in systems:
+        assert system.run(SOURCES, cells[0]) == 3 * 5
+    results = time_cells(systems, SOURCES, cells, repeats=2)
+    assert all(len(values) == 2 and min(values) > 0 for values in results.values())
+    table = format_table("tiny", systems, cells, results)
+    assert "| 3 | 1 |" in table and "x)" in table
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous: bool) -> None:
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    arrivals = poisson_arrivals(SOURCES, rate_per_s=200.0, duration_s=0.1, seed=1)
+    latencies, tokens, elapsed = drive(runtime, arrivals, continuous)
+    assert len(latencies) == len(arrivals) > 3
+    assert tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
+    assert min(latencies) > 0 and elapsed > 0
+
+
+def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    from bench.ct2_convert import convert_checkpoint
+    from bench.systems import CTranslate2System
+    from model.checkpoint import load_checkpoint
+
+    tokenizer = load_checkpoint(tiny_checkpoint).tokenizer
+    tokens = tokenizer.token_strings()
+    system = CTranslate2System(convert_checkpoint(tiny_checkpoint, tmp_path / "ct2", "int8"), tokens, threads=1, label="int8")
+    assert system.run(SOURCES, Cell(batch=3, beam=4, length=6)) == 3 * 6
