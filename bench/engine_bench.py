@@ -75,6 +75,17 @@ def format_table(title: str, systems: list[System], cells: list[Cell], results: 
     return "\n".join(lines)
 
 
+def format_profiles(model: str, systems: list[EngineSystem]) -> str:
+    """Share of engine step time by part, over every cell that system ran (warm-ups included)."""
+    parts = list(systems[0].engine.profile.shares())
+    lines = [f"Where {model}-model engine step time goes (all cells):", "", "| system | steps | " + " | ".join(parts) + " |",
+             "|---|---|" + "---|" * len(parts)]  # fmt: skip
+    for system in systems:
+        shares = system.engine.profile.shares()
+        lines.append(f"| {system.name} | {system.engine.profile.steps} | " + " | ".join(f"{100 * shares[p]:.0f}%" for p in parts) + " |")
+    return "\n".join(lines)
+
+
 def sample_sources(test: Path | None, count: int, vocab_size: int, checkpoint: Path, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     if test is not None and test.is_file():
@@ -119,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources = sample_sources(test, max(c.batch for c in cells), vocab, checkpoint)
             results = time_cells(systems, sources, cells, args.repeats)
             sections.append(format_table(f"{model} model, output length {args.length}, {args.threads} threads", systems, cells, results))
+            sections.append(format_profiles(model, [s for s in systems if isinstance(s, EngineSystem)]))
             if model == "default" and args.open_loop_seconds > 0:
                 engine_system = next(s for s in systems if isinstance(s, EngineSystem))
                 sections.append(run_open_loop(engine_system.runtime, sources, args.open_loop_seconds))

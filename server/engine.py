@@ -65,6 +65,23 @@ class Job:
     on_done: Callable[[Job], None] | None = None
 
 
+@dataclass
+class StepProfile:
+    """Where step time goes, summed over steps: ONNX Runtime (encoder, decoder), search (numpy + Python), the rest."""
+
+    steps: int = 0
+    total_s: float = 0.0
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    search_s: float = 0.0
+
+    def shares(self) -> dict[str, float]:
+        total = max(self.total_s, 1e-12)
+        other = self.total_s - self.encode_s - self.decode_s - self.search_s
+        return {"encoder run": self.encode_s / total, "decoder run": self.decode_s / total, "search": self.search_s / total,
+                "batching and cache bookkeeping": other / total}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     max_rows: int = 256  # rows (beams included) in one decoder call
@@ -82,6 +99,7 @@ class Engine:
         self._lock = threading.Lock()
         self._pending: deque[Job] = deque()
         self.active: list[Job] = []
+        self.profile = StepProfile()
         self._reset_cache()
         self._reset_pool()
 
@@ -111,6 +129,14 @@ class Engine:
 
     def step(self) -> None:
         """Admit, drop, run one decoder call for all live rows, advance every searcher."""
+        started = time.perf_counter()
+        try:
+            self._step()
+        finally:
+            self.profile.steps += 1
+            self.profile.total_s += time.perf_counter() - started
+
+    def _step(self) -> None:
         now = time.monotonic()
         self._drop_leaving(now)
         joined = self._admit(now)
@@ -128,7 +154,9 @@ class Engine:
             self.active = []
             self._reset_cache()
             return
+        searched = time.perf_counter()
         self._advance(log_probs)
+        self.profile.search_s += time.perf_counter() - searched
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -205,7 +233,9 @@ class Engine:
             past_mask = self._past_mask[gather] & ~is_new[:, None]
             positions = np.where(is_new, 0, self._positions[gather])
             past, past_mask = self._trim(past, past_mask)
+        decoding = time.perf_counter()
         log_probs, present = self.runtime.decode(tgt_ids, positions, gather, past_mask, source_index, self._src_mask, past, self._cross)
+        self.profile.decode_s += time.perf_counter() - decoding
         self._past = present
         self._past_mask = np.concatenate([past_mask, np.ones((len(cache_index), 1), dtype=bool)], axis=1)
         self._positions = positions + 1
@@ -277,7 +307,9 @@ class Engine:
         for row, job in enumerate(jobs):
             ids[row, : len(job.src_ids) + 1] = [*job.src_ids, config.eos_id]
         mask = ids != config.pad_id
+        encoding = time.perf_counter()
         cross = self.runtime.encode(ids, mask)
+        self.profile.encode_s += time.perf_counter() - encoding
         pool_width = max(width, self._src_mask.shape[1])
         self._widen_pool(pool_width)
         new_cross = [self._pad_src(layer, pool_width) for layer in cross]

@@ -44,3 +44,15 @@ def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: P
     tokens = tokenizer.token_strings()
     system = CTranslate2System(convert_checkpoint(tiny_checkpoint, tmp_path / "ct2", "int8"), tokens, threads=1, label="int8")
     assert system.run(SOURCES, Cell(batch=3, beam=4, length=6)) == 3 * 6
+
+
+def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
+    from bench.engine_bench import format_profiles
+
+    system = EngineSystem(tiny_model_dir, threads=1, label="fp32")
+    system.run(SOURCES, Cell(batch=3, beam=2, length=4))
+    shares = system.engine.profile.shares()
+    assert system.engine.profile.steps >= 4
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["decoder run"] > 0 and shares["encoder run"] > 0
+    assert "| nmt-serve fp32 |" in format_profiles("tiny", [system])
