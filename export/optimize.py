@@ -37,7 +37,7 @@ def convert_to_int8(source: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm"])
 
 
 def convert_precision(source: Path, target: Path, precision: str) -> None:
