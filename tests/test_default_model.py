@@ -59,7 +59,6 @@ def test_default_model_dirs_carry_parity_on_the_held_out_test() -> None:
         assert int8["search"][name]["identical_ratio"] >= 0.80
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not DING.exists(), reason="needs the Debian package trans-de-en for the held-out test set")
 def test_default_checkpoint_eval_reproduces_recorded_bleu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from model.corpus import main as corpus_main
