@@ -31,7 +31,6 @@ def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous:
     latencies, tokens, elapsed = drive(runtime, arrivals, continuous)
     assert len(latencies) == len(arrivals) > 3
     assert tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
-    assert min(latencies) > 0 and elapsed > 0
 
 
 def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:
