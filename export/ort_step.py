@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.manifest import Manifest, load_model_dir
+from model.padding import pad_sources
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +63,7 @@ class OrtStep:
         self.positions = np.zeros(0, dtype=np.int64)  # (R,) position of the next token
 
     def begin(self, src_ids: Sequence[Sequence[int]]) -> None:
-        width = max(len(ids) for ids in src_ids) + 1
-        ids = np.full((len(src_ids), width), self.config.pad_id, dtype=np.int64)
-        for row, source in enumerate(src_ids):
-            ids[row, : len(source) + 1] = [*source, self.config.eos_id]
-        self.src_mask = ids != self.config.pad_id
+        ids, self.src_mask = pad_sources(src_ids, self.config.pad_id, self.config.eos_id)
         self.cross = self.encoder.run(self.cross_names, {"src_ids": ids, "src_mask": self.src_mask})
         self.reset_rows()
 

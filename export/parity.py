@@ -17,7 +17,7 @@ from export.manifest import update_parity
 from export.ort_step import OrtStep
 from model.checkpoint import load_checkpoint
 from model.corpus import read_tsv
-from model.evaluate import score
+from model.evaluate import one_line, score
 from model.search import Hypothesis, SearchOptions, generate
 from model.torch_step import TorchStep
 
@@ -79,8 +79,8 @@ def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs
         expected = decode_all(torch_step, sources, options, config, 64, f"{name} torch")
         actual = decode_all(ort_step, sources, options, config, 64, f"{name} onnx")
         identical = sum(a.token_ids == b.token_ids for a, b in zip(expected, actual, strict=True))
-        torch_text = [" ".join(tokenizer.decode(h.token_ids).splitlines()) for h in expected]
-        onnx_text = [" ".join(tokenizer.decode(h.token_ids).splitlines()) for h in actual]
+        torch_text = [one_line(tokenizer.decode(h.token_ids)) for h in expected]
+        onnx_text = [one_line(tokenizer.decode(h.token_ids)) for h in actual]
         torch_scores, onnx_scores = score(torch_text, references), score(onnx_text, references)
         report[name] = {
             "sentences": len(sources),

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from model.config import BOS_ID, EOS_ID, PAD_ID
+from model.padding import pad_sources
 
 
 @dataclass(frozen=True)
@@ -26,17 +27,14 @@ class Batch:
 
 def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
     """Tensors for (source ids, target ids) pairs, neither with special tokens yet."""
-    src_len = max(len(src) for src, _ in pairs) + 1
+    src_ids, src_mask = pad_sources([src for src, _ in pairs], PAD_ID, EOS_ID)
     tgt_len = max(len(tgt) for _, tgt in pairs) + 1
-    src_ids = np.full((len(pairs), src_len), PAD_ID, dtype=np.int64)
     tgt_in = np.full((len(pairs), tgt_len), PAD_ID, dtype=np.int64)
     tgt_out = np.full((len(pairs), tgt_len), PAD_ID, dtype=np.int64)
     for row, (src, tgt) in enumerate(pairs):
-        src_ids[row, : len(src) + 1] = [*src, EOS_ID]
         tgt_in[row, : len(tgt) + 1] = [BOS_ID, *tgt]
         tgt_out[row, : len(tgt) + 1] = [*tgt, EOS_ID]
-    src = torch.from_numpy(src_ids)
-    return Batch(src, src != PAD_ID, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int((tgt_out != PAD_ID).sum()))
+    return Batch(torch.from_numpy(src_ids), torch.from_numpy(src_mask), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int((tgt_out != PAD_ID).sum()))
 
 
 def plan_batches(

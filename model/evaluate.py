@@ -46,6 +46,11 @@ def translate(
     return outputs
 
 
+def one_line(text: str) -> str:
+    """A hypothesis fit for a one-per-line file: a generated line break (\\n, \\x0c, \\u2028...) becomes a space."""
+    return " ".join(text.splitlines())
+
+
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Detokenized sacrebleu BLEU and chrF."""
     refs = [list(references)]
@@ -87,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = pairs[: args.limit]
     options = SearchOptions(beam_size=args.beam, length_penalty=args.length_penalty)
     hypotheses = translate(checkpoint.model, checkpoint.tokenizer, [src for src, _ in pairs], options, args.batch_size, progress=True)
-    # One hypothesis per line in the file: a generated line break (\n, \x0c, \u2028...) becomes a space.
-    hypotheses = [" ".join(text.splitlines()) for text in hypotheses]
+    hypotheses = [one_line(text) for text in hypotheses]
     scores = score(hypotheses, [ref for _, ref in pairs])
     output = args.output or args.checkpoint / f"hyps.{args.test.stem}.beam{args.beam}.txt"
     output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")

@@ -7,16 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from model.padding import pad_sources
 from model.transformer import KV, Transformer
-
-
-def pad_sources(src_ids: Sequence[Sequence[int]], pad_id: int, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, S) ids with EOS appended, and the (B, S) bool mask."""
-    width = max(len(ids) for ids in src_ids) + 1
-    batch = torch.full((len(src_ids), width), pad_id, dtype=torch.long)
-    for row, ids in enumerate(src_ids):
-        batch[row, : len(ids) + 1] = torch.tensor([*ids, eos_id], dtype=torch.long)
-    return batch, batch != pad_id
 
 
 class TorchStep:
@@ -40,7 +32,8 @@ class TorchStep:
     @torch.inference_mode()
     def begin(self, src_ids: Sequence[Sequence[int]]) -> None:
         config = self.model.config
-        ids, self.src_mask = pad_sources(src_ids, config.pad_id, config.eos_id)
+        ids, mask = pad_sources(src_ids, config.pad_id, config.eos_id)
+        ids, self.src_mask = torch.from_numpy(ids), torch.from_numpy(mask)
         self.cross = self.model.cross_kv(self.model.encode(ids, self.src_mask))
         self.reset_rows()
 

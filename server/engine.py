@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.padding import pad_sources
 from model.search import Hypothesis, Searcher, SearchOptions, make_searcher
 from server.runtime import Runtime
 
@@ -302,11 +303,8 @@ class Engine:
 
     def _encode(self, jobs: list[Job]) -> None:
         config = self.config
-        width = max(len(job.src_ids) for job in jobs) + 1
-        ids = np.full((len(jobs), width), config.pad_id, dtype=np.int64)
-        for row, job in enumerate(jobs):
-            ids[row, : len(job.src_ids) + 1] = [*job.src_ids, config.eos_id]
-        mask = ids != config.pad_id
+        ids, mask = pad_sources([job.src_ids for job in jobs], config.pad_id, config.eos_id)
+        width = ids.shape[1]
         encoding = time.perf_counter()
         cross = self.runtime.encode(ids, mask)
         self.profile.encode_s += time.perf_counter() - encoding

@@ -17,7 +17,8 @@ from model.checkpoint import TOKENIZER_FILE, save_weights  # noqa: E402
 from model.config import PRESETS  # noqa: E402
 from model.search import FinishReason, SearchOptions, generate  # noqa: E402
 from model.tokenizer import Tokenizer  # noqa: E402
-from model.torch_step import TorchStep, pad_sources  # noqa: E402
+from model.padding import pad_sources  # noqa: E402
+from model.torch_step import TorchStep  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 
 TEXTS = ["Ich sehe den Hund.", "I see the dog.", "Wir mögen Kaffee heute.", "We like coffee today."]
@@ -86,7 +87,7 @@ def to_ids(vocabulary: list[str], tokens: list[str]) -> list[int]:
 
 def teacher_forced_log_probs(model: Transformer, source: list[int], tokens: list[int]) -> torch.Tensor:
     """(T+1, V) float64 log-probs after BOS and after each of `tokens`."""
-    src_ids, src_mask = pad_sources([source], model.config.pad_id, model.config.eos_id)
+    src_ids, src_mask = map(torch.from_numpy, pad_sources([source], model.config.pad_id, model.config.eos_id))
     tgt_ids = torch.tensor([[model.config.bos_id, *tokens]])
     with torch.no_grad():
         return model(src_ids, src_mask, tgt_ids)[0].double()

@@ -19,7 +19,7 @@ FORBIDDEN = {
     "client": {"server", "bench", "torch", "onnx", "onnxscript"},
 }
 # Modules the torch-free server may share.
-TORCH_FREE_MODULES = ["model.config", "model.tokenizer", "model.search", "export.manifest", "export.ort_step"]
+TORCH_FREE_MODULES = ["model.config", "model.tokenizer", "model.search", "model.padding", "export.manifest", "export.ort_step"]
 
 
 def imported_packages(path: Path) -> set[str]:
