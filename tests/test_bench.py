@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.engine_bench import format_table, time_cells
-from bench.open_loop import drive, poisson_arrivals
+from bench.open_loop import drive, poisson_arrivals, run_open_loop
 from bench.systems import Cell, EngineSystem, TorchSystem
 
 SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
@@ -28,9 +28,18 @@ def test_bench_systems_generate_the_forced_length_and_fill_the_table(tiny_checkp
 def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous: bool) -> None:
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
     arrivals = poisson_arrivals(SOURCES, rate_per_s=200.0, duration_s=0.1, seed=1)
-    latencies, tokens, elapsed = drive(runtime, arrivals, continuous)
-    assert len(latencies) == len(arrivals) > 3
-    assert tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
+    run = drive(runtime, arrivals, continuous)
+    assert run.served == len(arrivals) > 3
+    assert run.tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
+    assert 0 < run.p50_s <= run.p99_s
+
+
+def test_open_loop_table_compares_both_modes_at_each_load(tiny_model_dir: Path) -> None:
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    table = run_open_loop(runtime, SOURCES, duration_s=0.2, loads=(0.5,))
+    rows = [line for line in table.splitlines() if line.startswith("| 50% |")]
+    assert [row.split("|")[3].strip() for row in rows] == ["continuous", "static"]
+    assert rows[0].split("|")[8].strip().endswith("x")  # continuous carries the p99 ratio
 
 
 def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""A small synchronous client for the translation service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Unset (None) fields take the server defaults."""
+
+    beam_size: int | None = None
+    num_hypotheses: int | None = None
+    length_penalty: float | None = None
+    max_output_tokens: int | None = None
+    min_output_tokens: int | None = None
+    target_prefix: str | None = None
+
+    def to_proto(self) -> pb.DecodingOptions:
+        return pb.DecodingOptions(**{name: value for name, value in self.__dict__.items() if value is not None})
+
+
+class TranslationClient:
+    """Wraps one channel; use as a context manager or call close()."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None) -> None:
+        if root_certificate is not None:
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(Path(root_certificate).read_bytes()))
+        else:
+            self.channel = grpc.insecure_channel(target)
+        self.stub = pb_grpc.TranslationServiceStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def __enter__(self) -> TranslationClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def translate(self, texts: Sequence[str], options: Options = Options(), timeout: float | None = None) -> list[list[pb.Hypothesis]]:
+        """n-best hypotheses per text, best first."""
+        request = pb.TranslateRequest(texts=list(texts), options=options.to_proto())
+        response = self.stub.Translate(request, timeout=timeout, metadata=self.metadata)
+        return [list(translation.hypotheses) for translation in response.translations]
+
+    def translate_stream(self, text: str, options: Options = Options(), timeout: float | None = None) -> Iterator[pb.TranslateStreamResponse]:
+        request = pb.TranslateStreamRequest(text=text, options=options.to_proto())
+        yield from self.stub.TranslateStream(request, timeout=timeout, metadata=self.metadata)
+
+    def model_info(self, timeout: float | None = None) -> pb.ModelInfo:
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout, metadata=self.metadata)

@@ -1,0 +1,45 @@
+"""Optional bearer-token check: calls without `authorization: Bearer <token>` get UNAUTHENTICATED."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
+
+# Load balancers and orchestrators probe health without credentials; reflection only describes the API.
+OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/")
+
+
+async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token in the authorization metadata")
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        if details.method.startswith(OPEN_SERVICES):
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        given_bytes = given.encode() if isinstance(given, str) else given
+        # Constant-time comparison: the token must not leak through response timing.
+        if hmac.compare_digest(given_bytes, self._expected):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:
+            return None  # unknown method: grpcio answers UNIMPLEMENTED
+        if handler.unary_stream:
+            async def refuse_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+                await _refuse(request, context)
+                yield  # pragma: no cover - abort raises first
+
+            return grpc.unary_stream_rpc_method_handler(refuse_stream, request_deserializer=handler.request_deserializer,
+                                                        response_serializer=handler.response_serializer)  # fmt: skip
+        return grpc.unary_unary_rpc_method_handler(_refuse, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)  # fmt: skip

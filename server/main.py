@@ -1,0 +1,125 @@
+"""nmt-serve: load and verify a model dir, serve it over gRPC with health and reflection, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from export.manifest import ModelDirError
+from server.auth import BearerTokenInterceptor
+from server.engine import Engine, EngineLimits
+from server.runtime import Runtime, RuntimeSettings
+from server.scheduler import QueueLimits, Scheduler
+from server.service import SERVICE_NAME, TranslationService
+from server.settings import ServerSettings, parse_settings
+
+logger = logging.getLogger("nmt-serve")
+
+OVERALL = ""  # grpc.health.v1's name for the whole server
+
+
+class Server:
+    """One process: runtime, engine worker, gRPC server; `run` returns when a drain has finished."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        providers = tuple(p for p in settings.providers.split(",") if p)
+        self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=settings.threads,
+                                                                       warmup_rows=min(settings.max_rows, 64)))  # fmt: skip
+        engine = Engine(self.runtime, EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens))
+        self.scheduler = Scheduler(engine, QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens))
+        self.health = health.aio.HealthServicer()
+        self.service = TranslationService(self.runtime, self.scheduler, settings)
+        self.port = 0
+        self.serving = threading.Event()  # set once health says SERVING (scripts and tests wait on it)
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def request_stop(self) -> None:
+        """Start the drain, from any thread (what SIGTERM does)."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def _set_health(self, status: int) -> None:
+        for name in (OVERALL, SERVICE_NAME):
+            await self.health.set(name, status)
+
+    def _build(self) -> grpc.aio.Server:
+        settings = self.settings
+        interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+        options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        server.add_generic_rpc_handlers([self.service.handler()])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        address = f"{settings.host}:{settings.port}"
+        if settings.tls_cert:
+            credentials = grpc.ssl_server_credentials([(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())])
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
+        return server
+
+    async def run(self, install_signals: bool = True) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        server = self._build()
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        if install_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._stop.set)
+        logger.info("listening on %s:%d (%s); warming up", self.settings.host, self.port, "TLS" if self.settings.tls_cert else "plaintext")
+        # Warm-up runs ONNX Runtime, so it stays off the event loop; health says NOT_SERVING meanwhile.
+        await asyncio.to_thread(self.runtime.warm_up)
+        self.scheduler.start()
+        if not self._stop.is_set():
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            if self.settings.port_file:
+                Path(self.settings.port_file).write_text(str(self.port), encoding="utf-8")
+            logger.info("serving %s (%s, %s) on port %d", self.runtime.manifest.model_name, self.runtime.manifest.precision,
+                        self.runtime.provider, self.port)  # fmt: skip
+            self.serving.set()
+        await self._stop.wait()
+        await self.drain(server)
+
+    async def drain(self, server: grpc.aio.Server) -> None:
+        """Health NOT_SERVING and new calls UNAVAILABLE at once; in-flight calls get the grace period."""
+        logger.info("draining: %d requests in flight, grace %.0f s", self.scheduler.in_flight, self.settings.grace_s)
+        self.serving.clear()
+        self.scheduler.draining = True
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.stop(self.settings.grace_s)
+        self.scheduler.stop()
+        logger.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except ValueError as error:
+        sys.stderr.write(f"nmt-serve: {error}\n")
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = Server(settings)
+    except (ModelDirError, FileNotFoundError) as error:
+        logger.error("cannot serve %s: %s", settings.model_dir, error)
+        return 1
+    except Exception as error:  # an ONNX Runtime load failure names the file inside its message
+        logger.error("cannot load %s: %s", settings.model_dir, error)
+        return 1
+    asyncio.run(server.run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

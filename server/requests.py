@@ -1,0 +1,133 @@
+"""Request validation: protobuf messages in, domain objects out; every problem names the field and its limit.
+
+Checks run cheapest first (counts, then characters, then options, then tokenizing), so an
+oversized request is refused before any tokenizer or model work is spent on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.search import SearchOptions
+from model.tokenizer import Tokenizer
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.settings import ServerSettings
+
+
+class InvalidRequest(ValueError):
+    """A request the server will not run; the message names each bad field and its limit."""
+
+
+class UnknownModel(LookupError):
+    """The request named a model this server does not serve."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_texts: int
+    max_chars_per_text: int
+    max_source_tokens: int  # tokens of one text; EOS takes the last position
+    max_output_tokens: int
+    max_beam_size: int
+
+    @classmethod
+    def from_settings(cls, settings: ServerSettings, max_positions: int) -> Limits:
+        return cls(settings.max_texts, settings.max_chars_per_text, max_positions - 1, max_positions, settings.max_beam_size)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One text to translate; `blank` texts get an empty translation without entering the engine."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+    @property
+    def blank(self) -> bool:
+        return not self.token_ids
+
+
+@dataclass(frozen=True)
+class Task:
+    sources: tuple[Source, ...]
+    options: SearchOptions
+
+
+class RequestReader:
+    """Turns Translate / TranslateStream messages into Tasks for the scheduler."""
+
+    def __init__(self, tokenizer: Tokenizer, limits: Limits, model_name: str) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.model_name = model_name
+
+    def translate(self, request: pb.TranslateRequest) -> Task:
+        self._check_model(request.model)
+        count = len(request.texts)
+        if count == 0:
+            raise InvalidRequest(f"texts must hold between 1 and {self.limits.max_texts} texts, got 0")
+        if count > self.limits.max_texts:
+            raise InvalidRequest(f"texts must hold at most {self.limits.max_texts} texts (max_texts), got {count}")
+        return self._task(list(request.texts), request.options, "texts")
+
+    def stream(self, request: pb.TranslateStreamRequest) -> Task:
+        self._check_model(request.model)
+        return self._task([request.text], request.options, "text")
+
+    def _check_model(self, name: str) -> None:
+        if name and name != self.model_name:
+            raise UnknownModel(f"model {name!r} is not served here; this server serves {self.model_name!r}")
+
+    def _task(self, texts: list[str], options: pb.DecodingOptions, field: str) -> Task:
+        limit = self.limits.max_chars_per_text
+        for index, text in enumerate(texts):
+            if len(text) > limit:
+                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} (max_chars_per_text)")
+        search_options = self._options(options)
+        sources = []
+        for index, text in enumerate(texts):
+            # Blank texts stay out of the tokenizer and the engine; they translate to "".
+            token_ids = tuple(self.tokenizer.encode(text)) if text.strip() else ()
+            if len(token_ids) > self.limits.max_source_tokens:
+                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(token_ids)} tokens; "
+                                     f"the limit is {self.limits.max_source_tokens} (max_source_tokens)")  # fmt: skip
+            sources.append(Source(text, token_ids))
+        return Task(tuple(sources), search_options)
+
+    @staticmethod
+    def _name(field: str, index: int, count: int) -> str:
+        return f"{field}[{index}]" if field == "texts" else field
+
+    def _options(self, options: pb.DecodingOptions) -> SearchOptions:
+        limits = self.limits
+        beam = options.beam_size if options.HasField("beam_size") else 1
+        problems = []
+        # The server's beam cap is tighter than the search's own; check it first so its name shows.
+        if options.HasField("beam_size") and not 1 <= beam <= limits.max_beam_size:
+            problems.append(f"options.beam_size must be between 1 and {limits.max_beam_size} (max_beam_size), got {beam}")
+        if options.HasField("max_output_tokens") and options.max_output_tokens < 1:
+            problems.append(f"options.max_output_tokens must be at least 1, got {options.max_output_tokens}")
+        prefix_text = options.target_prefix if options.HasField("target_prefix") else ""
+        if len(prefix_text) > limits.max_chars_per_text:
+            problems.append(f"options.target_prefix has {len(prefix_text)} characters; the limit is {limits.max_chars_per_text}")
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        prefix = tuple(self.tokenizer.encode(prefix_text)) if prefix_text else ()
+        values = {
+            "beam_size": beam,
+            "num_hypotheses": options.num_hypotheses if options.HasField("num_hypotheses") else 1,
+            "length_penalty": options.length_penalty if options.HasField("length_penalty") else 1.0,
+            # Clamped to the position table rather than rejected (reported by GetModelInfo).
+            "max_output_tokens": min(options.max_output_tokens, limits.max_output_tokens) if options.HasField("max_output_tokens") else None,
+            "min_output_tokens": options.min_output_tokens if options.HasField("min_output_tokens") else 0,
+            "repetition_penalty": options.repetition_penalty if options.HasField("repetition_penalty") else 1.0,
+            "no_repeat_ngram_size": options.no_repeat_ngram_size if options.HasField("no_repeat_ngram_size") else 0,
+            "target_prefix": prefix,
+        }
+        search_options = SearchOptions(**values)
+        try:
+            search_options.validate(limits.max_output_tokens)
+        except ValueError as error:
+            # Search names fields without the message path; the client sees them under "options.".
+            raise InvalidRequest(str(error).replace("invalid search options: ", "invalid options: options.").replace("; ", "; options.")) from None
+        return search_options

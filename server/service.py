@@ -1,0 +1,168 @@
+"""The gRPC servicer: validation, then domain objects, then the scheduler, then protobuf; errors via server/status.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from model.search import FinishReason, Hypothesis
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.requests import InvalidRequest, Limits, RequestReader, Task
+from server.runtime import Runtime
+from server.scheduler import Scheduler
+from server.settings import ServerSettings
+from server.status import NotReady, status_for
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name
+FINISH_REASONS = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
+REPLACEMENT_CHAR = "\ufffd"  # what a byte-level token that ends mid-character decodes to
+
+
+class Unparsable:
+    """Stands for a request grpcio could not parse (say, invalid UTF-8 in a string), so we can answer INVALID_ARGUMENT."""
+
+    def __init__(self, message_type: str, error: Exception) -> None:
+        self.detail = f"request is not a valid {message_type}: {error} (string fields must be valid UTF-8)"
+
+
+def lenient(message_class: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            return Unparsable(message_class.DESCRIPTOR.name, error)
+
+    return parse
+
+
+class TranslationService:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings) -> None:
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.settings = settings
+        self.tokenizer = runtime.tokenizer
+        self.limits = Limits.from_settings(settings, runtime.config.max_positions)
+        self.reader = RequestReader(runtime.tokenizer, self.limits, runtime.manifest.model_name)
+
+    # ------------------------------------------------------------ RPCs
+
+    async def Translate(self, request: pb.TranslateRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        async def answer() -> pb.TranslateResponse:
+            task = self.reader.translate(self._parsed(request))
+            deadline = self._deadline(context)
+            # A TaskGroup cancels the other texts' jobs as soon as one fails, so none runs on unanswered.
+            async with asyncio.TaskGroup() as group:
+                jobs = [group.create_task(self._translate_one(source.token_ids, task, deadline)) for source in task.sources]
+            nbests = [job.result() for job in jobs]
+            translations = [pb.Translation(hypotheses=[self._hypothesis(h) for h in nbest]) for nbest in nbests]
+            return pb.TranslateResponse(translations=translations, model=self.reader.model_name)
+
+        return await self._guard(context, answer())
+
+    async def TranslateStream(self, request: pb.TranslateStreamRequest | Unparsable, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TranslateStreamResponse]:
+        try:
+            task = self.reader.stream(self._parsed(request))
+            source = task.sources[0]
+            if source.blank:
+                yield pb.TranslateStreamResponse(final=True, hypotheses=[self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))])
+                return
+            deadline = self._deadline(context)
+            # Forced target-prefix tokens arrive through the stream like chosen ones.
+            token_ids: list[int] = []
+            sent = ""
+            async for event in self.scheduler.stream(source.token_ids, task.options, deadline):
+                if isinstance(event, np.ndarray):
+                    token_ids.extend(int(token) for token in event if token != self.runtime.config.eos_id)
+                    delta, sent = self._delta(token_ids, sent)
+                    if delta:
+                        yield pb.TranslateStreamResponse(text_delta=delta)
+                    continue
+                hypotheses = [self._hypothesis(h) for h in event]
+                # The deltas must add up to the final best text, whatever the tokenizer did at the end.
+                tail = hypotheses[0].text[len(sent):] if hypotheses[0].text.startswith(sent) else ""
+                yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
+            code, message = status_for(error)
+            await context.abort(code, message)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        async def answer() -> pb.ModelInfo:
+            self._parsed(request, need_ready=False)
+            manifest, settings = self.runtime.manifest, self.settings
+            limits = pb.Limits(
+                max_texts=self.limits.max_texts, max_chars_per_text=self.limits.max_chars_per_text,
+                max_source_tokens=self.limits.max_source_tokens, max_output_tokens=self.limits.max_output_tokens,
+                max_beam_size=self.limits.max_beam_size, max_message_bytes=settings.max_message_bytes,
+                max_queued_requests=settings.max_queued_requests, default_deadline_seconds=settings.default_deadline_s,
+            )  # fmt: skip
+            return pb.ModelInfo(name=manifest.model_name, version=manifest.model_version, source_language=manifest.source_language,
+                                target_language=manifest.target_language, precision=manifest.precision,
+                                execution_provider=self.runtime.provider, limits=limits)  # fmt: skip
+
+        return await self._guard(context, answer())
+
+    # ------------------------------------------------------------ helpers
+
+    async def _guard(self, context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+        try:
+            return await work
+        except ExceptionGroup as group:  # from the TaskGroup: answer with the first failure
+            code, message = status_for(group.exceptions[0])
+            await context.abort(code, message)
+        except asyncio.CancelledError:
+            raise  # the client went away or its deadline passed: grpcio reports that itself
+        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
+            code, message = status_for(error)
+            await context.abort(code, message)
+
+    def _parsed(self, request: Any, need_ready: bool = True) -> Any:
+        if need_ready and not self.runtime.ready:
+            raise NotReady("model is warming up; retry shortly")
+        if isinstance(request, Unparsable):
+            raise InvalidRequest(request.detail)
+        return request
+
+    def _deadline(self, context: grpc.aio.ServicerContext) -> float:
+        """The engine's monotonic deadline: the client's, or the server default when it sets none."""
+        remaining = context.time_remaining()
+        return time.monotonic() + (self.settings.default_deadline_s if remaining is None else remaining)
+
+    async def _translate_one(self, token_ids: tuple[int, ...], task: Task, deadline: float) -> list[Hypothesis]:
+        if not token_ids:
+            return [Hypothesis((), 0.0, FinishReason.EOS)]  # blank text: no engine slot
+        return await self.scheduler.translate(token_ids, task.options, deadline)
+
+    def _hypothesis(self, hypothesis: Hypothesis) -> pb.Hypothesis:
+        return pb.Hypothesis(text=self.tokenizer.decode(hypothesis.token_ids), score=hypothesis.score,
+                             token_count=len(hypothesis.token_ids), finish_reason=FINISH_REASONS[hypothesis.finish_reason])  # fmt: skip
+
+    def _delta(self, token_ids: list[int], sent: str) -> tuple[str, str]:
+        """New text since `sent`; held back while the last token ends mid-character or rewrites what was sent."""
+        text = self.tokenizer.decode(token_ids)
+        if text.endswith(REPLACEMENT_CHAR) or not text.startswith(sent):
+            return "", sent
+        return text[len(sent):], text
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """Handlers with lenient request parsing (see Unparsable); responses serialise as usual."""
+        handlers = {
+            "Translate": grpc.unary_unary_rpc_method_handler(
+                self.Translate, request_deserializer=lenient(pb.TranslateRequest), response_serializer=pb.TranslateResponse.SerializeToString),
+            "TranslateStream": grpc.unary_stream_rpc_method_handler(
+                self.TranslateStream, request_deserializer=lenient(pb.TranslateStreamRequest),
+                response_serializer=pb.TranslateStreamResponse.SerializeToString),
+            "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+                self.GetModelInfo, request_deserializer=lenient(pb.GetModelInfoRequest), response_serializer=pb.ModelInfo.SerializeToString),
+        }  # fmt: skip
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)

@@ -1,0 +1,95 @@
+"""Server settings: one dataclass; every field is a command-line flag and an NMT_ environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
+ENV_PREFIX = "NMT_"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_dir: Path = DEFAULT_MODEL_DIR
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0 = any free port (logged, and written to --port-file)
+    port_file: str = ""  # where the bound port is written once serving (tests, scripts)
+    # Request limits (reported by GetModelInfo).
+    max_texts: int = 64
+    max_chars_per_text: int = 2000
+    max_beam_size: int = 8
+    max_message_bytes: int = 1 << 20  # grpc receive limit; larger messages get RESOURCE_EXHAUSTED from grpcio
+    # Admission and engine.
+    max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
+    max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
+    max_rows: int = 128  # rows (beams included) in one decoder call
+    max_cache_tokens: int = 128 * 256  # rows x past length held as K/V
+    default_deadline_s: float = 30.0  # applied when the client sets no deadline
+    threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per core
+    providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
+    # Lifecycle and security.
+    grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
+    tls_cert: str = ""  # PEM certificate chain; with tls_key, the port speaks TLS only
+    tls_key: str = ""
+    auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
+    log_level: str = "INFO"
+
+    def validate(self) -> None:
+        problems = []
+        for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_message_bytes", "max_queued_requests",
+                     "max_queued_tokens", "max_rows", "max_cache_tokens"):  # fmt: skip
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port must be between 0 and 65535, got {self.port}")
+        if self.default_deadline_s <= 0 or self.grace_s < 0:
+            problems.append("default_deadline_s must be > 0 and grace_s >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            problems.append("tls_cert and tls_key must be given together")
+        if problems:
+            raise ValueError("invalid settings: " + "; ".join(problems))
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; its default is the NMT_ variable when set, else the field default."""
+    for item in dataclasses.fields(ServerSettings):
+        if item.name == "model_dir":
+            parser.add_argument("model_dir", nargs="?", type=Path, default=None,
+                                help=f"model dir (env {env_name(item.name)}; default: the shipped model)")  # fmt: skip
+            continue
+        kind = type(item.default)
+        parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=None,
+                            help=f"env {env_name(item.name)}, default {item.default!r}")  # fmt: skip
+
+
+def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerSettings:
+    """Flag, else environment variable, else default; validated."""
+    values = {}
+    for item in dataclasses.fields(ServerSettings):
+        flag = getattr(args, item.name, None)
+        if flag is not None:
+            values[item.name] = flag
+        elif env_name(item.name) in environ:
+            raw = environ[env_name(item.name)]
+            try:
+                values[item.name] = type(item.default)(raw)
+            except ValueError as error:
+                raise ValueError(f"{env_name(item.name)}={raw!r}: {error}") from None
+    settings = ServerSettings(**values)
+    settings.validate()
+    return settings
+
+
+def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerSettings:
+    parser = argparse.ArgumentParser(prog="nmt-serve", description="Serve a model dir over gRPC.")
+    add_arguments(parser)
+    return from_arguments(parser.parse_args(argv), environ)

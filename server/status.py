@@ -1,0 +1,48 @@
+"""The one place where failures become gRPC status codes (DESIGN section 6, RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from server.engine import Outcome
+from server.requests import InvalidRequest, UnknownModel
+from server.scheduler import Rejected, RequestFailed
+
+logger = logging.getLogger(__name__)
+
+
+class NotReady(Exception):
+    """The model is still loading or warming up."""
+
+
+REJECTION_CODES = {
+    "queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "queue_tokens": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "draining": grpc.StatusCode.UNAVAILABLE,
+    "expired": grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+OUTCOME_CODES = {
+    Outcome.EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Outcome.CANCELLED: grpc.StatusCode.CANCELLED,
+    Outcome.FAILED: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """A deliberate code for every failure; anything unforeseen is INTERNAL, never UNKNOWN."""
+    if isinstance(error, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, UnknownModel):
+        return grpc.StatusCode.NOT_FOUND, str(error)
+    if isinstance(error, NotReady):
+        return grpc.StatusCode.UNAVAILABLE, str(error) or "model is warming up; retry shortly"
+    if isinstance(error, Rejected):
+        return REJECTION_CODES.get(error.reason, grpc.StatusCode.UNAVAILABLE), str(error)
+    if isinstance(error, RequestFailed):
+        code = OUTCOME_CODES.get(error.outcome, grpc.StatusCode.INTERNAL)
+        # Engine errors can carry ONNX Runtime internals; the client gets a stable message, the log the detail.
+        return code, "translation failed inside the engine" if code is grpc.StatusCode.INTERNAL else str(error)
+    logger.error("unexpected error answered as INTERNAL", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__})"

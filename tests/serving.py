@@ -1,0 +1,66 @@
+"""A real nmt-serve Server on a loopback port, run in a thread of the test process (for fault injection)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from pathlib import Path
+
+import grpc
+
+from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.main import Server
+from server.settings import ServerSettings
+
+
+def server_settings(model_dir: Path, **overrides: object) -> ServerSettings:
+    """Port 0 (any free one), one ORT thread, small limits so that edges are cheap to reach."""
+    base = ServerSettings(model_dir=model_dir, port=0, threads=1, max_texts=16, max_chars_per_text=400, max_beam_size=4,
+                          max_message_bytes=256 * 1024, max_queued_requests=64, grace_s=5.0, default_deadline_s=20.0)  # fmt: skip
+    return dataclasses.replace(base, **overrides)
+
+
+class RunningServer:
+    """Context manager; `hold_warm_up` keeps the server in its warm-up phase until `release_warm_up()`."""
+
+    def __init__(self, settings: ServerSettings, hold_warm_up: bool = False) -> None:
+        self.server = Server(settings)
+        self._release = threading.Event()
+        if hold_warm_up:
+            warm_up = self.server.runtime.warm_up
+
+            def held() -> float:
+                self._release.wait(30)
+                return warm_up()
+
+            self.server.runtime.warm_up = held  # type: ignore[method-assign]
+        else:
+            self._release.set()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self.server.run(install_signals=False)), daemon=True)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def release_warm_up(self) -> None:
+        self._release.set()
+
+    def __enter__(self) -> RunningServer:
+        self._thread.start()
+        if self._release.is_set():
+            assert self.server.serving.wait(30), "server did not become ready"
+        else:
+            while not self.server.port:  # bound before warm-up starts
+                threading.Event().wait(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._release.set()
+        self.server.request_stop()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "server did not stop"
+
+    def stub(self) -> tuple[grpc.Channel, pb_grpc.TranslationServiceStub]:
+        channel = grpc.insecure_channel(self.target)
+        return channel, pb_grpc.TranslationServiceStub(channel)

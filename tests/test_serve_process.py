@@ -1,0 +1,136 @@
+"""nmt-serve as its own process: SIGTERM under load (row 17), bad model dirs (row 18), TLS (row 21), the client CLI."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from tests.serving import RunningServer, server_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_server(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    port_file = tmp_path / "port"
+    port_file.unlink(missing_ok=True)
+    process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+                                "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"nmt-serve did not start:\n{process.communicate()[0]}")
+        time.sleep(0.05)
+    return process, f"127.0.0.1:{port_file.read_text()}"
+
+
+@pytest.fixture()
+def served(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    process, target = start_server(tiny_model_dir, tmp_path, "--grace-s", "20", "--max-queued-requests", "512", "--max-rows", "16")
+    yield process, target
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+def test_row17_sigterm_under_load_loses_no_admitted_request(served: tuple[subprocess.Popen, str]) -> None:
+    process, target = served
+    request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(beam_size=4, min_output_tokens=90, max_output_tokens=90))
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.TranslationServiceStub(channel)
+        # 16 rows per step (4 requests) make 256 requests take seconds even on the tiny model.
+        calls = [stub.Translate.future(request, timeout=60) for _ in range(256)]
+        time.sleep(0.5)  # every call has reached the server and been admitted
+        assert not all(call.done() for call in calls), "the load finished before SIGTERM; make it longer"
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as refused:  # new calls are refused while in-flight ones finish
+            stub.Translate(request, timeout=10)
+        results = [call.result() for call in calls]  # raises if any admitted call failed
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert all(len(result.translations[0].hypotheses[0].text) > 0 for result in results)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert "draining" in output and "stopped" in output
+
+
+def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    return copy
+
+
+def run_bad(model_dir: Path) -> tuple[int, str]:
+    result = subprocess.run([sys.executable, "-m", "server.main", str(model_dir), "--port", "0"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_row18_missing_model_dir_exits_non_zero_naming_it(tmp_path: Path) -> None:
+    code, output = run_bad(tmp_path / "nowhere")
+    assert code != 0 and "nowhere" in output
+
+
+def test_row18_corrupt_file_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = copy_model_dir(tiny_model_dir, tmp_path)
+    with (model / "decoder.onnx").open("r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\x00garbage\x00")
+    code, output = run_bad(model)
+    assert code != 0 and "decoder.onnx" in output
+
+
+def test_row18_wrong_manifest_version_exits_non_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = copy_model_dir(tiny_model_dir, tmp_path)
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    code, output = run_bad(model)
+    assert code != 0 and "manifest.json" in output and "99" in output
+
+
+def test_translate_cli_prints_translations(served: tuple[subprocess.Popen, str]) -> None:
+    _, target = served
+    cli = [sys.executable, "-m", "client.cli", "--target", target]
+    result = subprocess.run([*cli, "Ich sehe den Hund.", ""], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split("\n")) == 3 and result.stdout.split("\n")[0] != ""  # the tiny model says little, but something
+    piped = subprocess.run([*cli, "--json", "--beam", "2", "--nbest", "2"], input="Ich sehe den Hund.\nWir mag Kaffee.\n", cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = [json.loads(line) for line in piped.stdout.splitlines()]
+    assert [line["source"] for line in lines] == ["Ich sehe den Hund.", "Wir mag Kaffee."]
+    assert all(len(line["hypotheses"]) == 2 for line in lines)
+    streamed = subprocess.run([*cli, "--stream", "Ich sehe den Hund."], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert streamed.stdout == result.stdout.split("\n")[0] + "\n"
+    bad = subprocess.run([*cli, "--beam", "0", "Hund"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "beam_size" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl binary not installed (apt-get install openssl)")
+def test_row21_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, env={**os.environ, "OPENSSL_CONF": "/dev/null"})  # fmt: skip
+    with RunningServer(server_settings(tiny_model_dir, tls_cert=str(cert), tls_key=str(key))) as server:
+        request = pb.TranslateRequest(texts=["Hund"])
+        with grpc.insecure_channel(server.target) as plain:
+            with pytest.raises(grpc.RpcError) as caught:
+                pb_grpc.TranslationServiceStub(plain).Translate(request, timeout=5)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+        credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(server.target, credentials) as secure:
+            assert pb_grpc.TranslationServiceStub(secure).Translate(request, timeout=30).translations

@@ -1,0 +1,281 @@
+"""The gRPC service against a real server on a loopback port: RELIABILITY.md rows 1-16, 19 and 21 (17, 18: test_serve_process.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.service import SERVICE_NAME
+from tests.serving import RunningServer, server_settings
+
+GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute.", "Du habe einen großen Zug nicht."]
+
+
+@pytest.fixture(scope="module")
+def running(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_settings(tiny_model_dir)) as server:
+        yield server
+
+
+@pytest.fixture()
+def stub(running: RunningServer):  # type: ignore[no-untyped-def]
+    channel, stub = running.stub()
+    yield stub
+    channel.close()
+
+
+def code_of(call, request, **kwargs) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    try:
+        result = call(request, **kwargs)
+        if not isinstance(result, pb.TranslateResponse | pb.ModelInfo):
+            list(result)  # drain a stream
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as error:
+        return error.code(), error.details() or ""
+
+
+def texts_request(*texts: str, **options: object) -> pb.TranslateRequest:
+    return pb.TranslateRequest(texts=list(texts), options=pb.DecodingOptions(**options))
+
+
+# ---------------------------------------------------------------- happy paths
+
+
+def test_translate_returns_one_nbest_per_text_in_order(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    response = stub.Translate(texts_request(*GERMAN, beam_size=3, num_hypotheses=2), timeout=30)
+    assert response.model == running.server.runtime.manifest.model_name
+    assert len(response.translations) == len(GERMAN)
+    for translation in response.translations:
+        assert len(translation.hypotheses) == 2
+        best, second = translation.hypotheses
+        assert best.score >= second.score
+        assert best.token_count > 0 and best.finish_reason in (pb.FINISH_REASON_EOS, pb.FINISH_REASON_LENGTH)
+    # Each text's result is what it gets alone (continuous batching must not change outputs).
+    alone = stub.Translate(texts_request(GERMAN[1], beam_size=3, num_hypotheses=2), timeout=30)
+    assert alone.translations[0] == response.translations[1]
+
+
+def test_stream_deltas_concatenate_to_the_unary_result(stub) -> None:  # type: ignore[no-untyped-def]
+    for text in GERMAN:
+        messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=text), timeout=30))
+        assert messages[-1].final and all(not m.final for m in messages[:-1])
+        unary = stub.Translate(texts_request(text), timeout=30).translations[0].hypotheses[0]
+        assert "".join(m.text_delta for m in messages) == unary.text == messages[-1].hypotheses[0].text
+        assert len(messages) > 2  # greedy text arrived in pieces, not only at the end
+    options = pb.DecodingOptions(target_prefix="I see")
+    messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=options), timeout=30))
+    unary = stub.Translate(pb.TranslateRequest(texts=[GERMAN[0]], options=options), timeout=30).translations[0].hypotheses[0]
+    assert "".join(m.text_delta for m in messages) == unary.text and unary.text.startswith("I see")
+
+
+def test_beam_stream_sends_the_nbest_at_the_end(stub) -> None:  # type: ignore[no-untyped-def]
+    messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=pb.DecodingOptions(beam_size=4, num_hypotheses=3)), timeout=30))
+    assert len(messages) == 1 and messages[0].final and len(messages[0].hypotheses) == 3
+    assert messages[0].text_delta == messages[0].hypotheses[0].text
+
+
+def test_model_info_reports_model_provider_and_limits(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    settings = running.server.settings
+    assert (info.source_language, info.target_language, info.precision) == ("de", "en", "fp32")
+    assert info.execution_provider == "CPUExecutionProvider"
+    assert info.limits.max_texts == settings.max_texts and info.limits.max_beam_size == settings.max_beam_size
+    assert info.limits.max_output_tokens == running.server.runtime.config.max_positions
+    assert info.limits.max_message_bytes == settings.max_message_bytes
+
+
+def test_health_serving_and_reflection_lists_the_service(running: RunningServer) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(running.target) as channel:
+        health_stub = health_pb2_grpc.HealthStub(channel)
+        for name in ("", SERVICE_NAME):
+            assert health_stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+        responses = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {service.name for response in responses for service in response.list_services_response.service}
+    assert SERVICE_NAME in names
+
+
+# ---------------------------------------------------------------- RELIABILITY rows
+
+
+def test_row1_no_texts_is_invalid_argument(stub) -> None:  # type: ignore[no-untyped-def]
+    code, details = code_of(stub.Translate, pb.TranslateRequest())
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "texts" in details
+
+
+def test_row2_blank_texts_translate_to_empty_without_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    steps = running.server.scheduler.engine.profile.steps
+    response = stub.Translate(texts_request("", "   \t\n"), timeout=10)
+    assert [t.hypotheses[0].text for t in response.translations] == ["", ""]
+    assert running.server.scheduler.engine.profile.steps == steps
+
+
+def test_row3_text_over_the_char_limit_names_it_before_tokenizing(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    limit = running.server.settings.max_chars_per_text
+    code, details = code_of(stub.Translate, texts_request("ok", "x" * (limit + 1)))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "texts[1]" in details and str(limit) in details and "max_chars_per_text" in details
+    # Under the char limit but over the token limit: the token limit is named.
+    many_tokens = " ".join(["hund"] * 150)[:limit]
+    code, details = code_of(stub.Translate, texts_request(many_tokens))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_source_tokens" in details
+
+
+def test_row4_message_over_the_transport_limit_is_resource_exhausted(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    code, _ = code_of(stub.Translate, texts_request("a" * (running.server.settings.max_message_bytes + 10)))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_row5_invalid_utf8_is_invalid_argument(running: RunningServer) -> None:
+    # Field 1 (texts), wire type 2, three bytes that are not UTF-8.
+    raw = b"\x0a\x03\xff\xfe\xfd"
+    with grpc.insecure_channel(running.target) as channel:
+        call = channel.unary_unary(f"/{SERVICE_NAME}/Translate", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(raw, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in caught.value.details()
+
+
+@pytest.mark.parametrize("text", ["Hund\x00Kaffee", "\x07\x1b[31m", "Kaffee ☕🙂", "مرحبا שלום", "e\u0301\u0301\u0301", "\ufeff\u200b"])
+def test_row6_odd_characters_translate_cleanly(stub, text: str) -> None:  # type: ignore[no-untyped-def]
+    response = stub.Translate(texts_request(text, max_output_tokens=8), timeout=30)
+    assert len(response.translations) == 1 and len(response.translations[0].hypotheses) == 1
+
+
+def test_row7_unknown_model_is_not_found(stub) -> None:  # type: ignore[no-untyped-def]
+    code, details = code_of(stub.Translate, pb.TranslateRequest(texts=["Hund"], model="fr-en"))
+    assert code is grpc.StatusCode.NOT_FOUND and "fr-en" in details
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"beam_size": 0}, "beam_size"),
+        ({"beam_size": 10**6}, "max_beam_size"),
+        ({"beam_size": -3}, "beam_size"),
+        ({"max_output_tokens": -1}, "max_output_tokens"),
+        ({"min_output_tokens": -5}, "min_output_tokens"),
+        ({"length_penalty": float("nan")}, "length_penalty"),
+        ({"length_penalty": float("inf")}, "length_penalty"),
+        ({"repetition_penalty": float("-inf")}, "repetition_penalty"),
+        ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses"),
+        ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size"),
+    ],
+)
+def test_row9_bad_options_name_the_field_and_limit(stub, options: dict[str, object], named: str) -> None:  # type: ignore[no-untyped-def]
+    code, details = code_of(stub.Translate, texts_request("Hund", **options))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and named in details and ("between" in details or "at least" in details or "at most" in details)
+
+
+def test_row10_max_output_tokens_beyond_positions_is_clamped(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    positions = running.server.runtime.config.max_positions
+    response = stub.Translate(texts_request("Hund", max_output_tokens=10**6, min_output_tokens=positions - 1), timeout=60)
+    assert response.translations[0].hypotheses[0].token_count <= positions
+
+
+def test_row11_too_many_texts_names_the_cap(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    code, details = code_of(stub.Translate, texts_request(*(["Hund"] * 10_000)))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_texts" in details and str(running.server.settings.max_texts) in details
+
+
+def test_row12_unknown_method_is_unimplemented(running: RunningServer) -> None:
+    with grpc.insecure_channel(running.target) as channel:
+        call = channel.unary_unary(f"/{SERVICE_NAME}/Summarize", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"", timeout=5)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_row14_tiny_deadline_never_reaches_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    code, _ = code_of(stub.Translate, texts_request("Ich sehe den Hund.", min_output_tokens=60, max_output_tokens=60), timeout=0.001)
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.2)
+    engine = running.server.scheduler.engine
+    assert not engine.active and not engine.pending
+
+
+def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, default_deadline_s=0.05)) as server:
+        channel, stub = server.stub()
+        with channel:
+            code, _ = code_of(stub.Translate, texts_request(*GERMAN * 4, min_output_tokens=90, max_output_tokens=90))
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_row15_cancelled_stream_leaves_the_batch(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    engine = running.server.scheduler.engine
+    call = stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)), timeout=30)
+    next(call)  # decoding has started
+    call.cancel()
+    deadline = time.monotonic() + 5
+    while (engine.active or engine.pending) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.active and not engine.pending
+
+
+def test_row16_a_burst_is_served_or_rejected_fast(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=8)) as server:
+        channel, stub = server.stub()
+        request = texts_request("Ich sehe den Hund.", min_output_tokens=30, max_output_tokens=30)
+        with channel, concurrent.futures.ThreadPoolExecutor(64) as pool:
+            codes = list(pool.map(lambda _: code_of(stub.Translate, request, timeout=60)[0], range(300)))
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert codes.count(grpc.StatusCode.OK) >= 8 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) > 0
+
+
+def test_row8_warming_up_is_unavailable_and_not_serving(tiny_model_dir: Path) -> None:
+    running = RunningServer(server_settings(tiny_model_dir), hold_warm_up=True)
+    with running:
+        channel, stub = running.stub()
+        with channel:
+            health_stub = health_pb2_grpc.HealthStub(channel)
+            assert health_stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            code, details = code_of(stub.Translate, texts_request("Hund"), timeout=5)
+            assert code is grpc.StatusCode.UNAVAILABLE and "warming up" in details
+            running.release_warm_up()
+            assert running.server.serving.wait(30)
+            assert health_stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+            assert stub.Translate(texts_request("Hund"), timeout=30).translations
+
+
+def test_row19_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir)) as server:
+        runtime = server.server.runtime
+        decode, armed = runtime.decode, threading.Event()
+
+        def failing_decode(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if armed.is_set():
+                armed.clear()
+                raise RuntimeError("injected ONNX Runtime failure")
+            return decode(*args, **kwargs)
+
+        runtime.decode = failing_decode  # type: ignore[method-assign]
+        channel, stub = server.stub()
+        with channel:
+            armed.set()
+            code, details = code_of(stub.Translate, texts_request("Hund"), timeout=30)
+            assert code is grpc.StatusCode.INTERNAL and "injected" not in details
+            assert stub.Translate(texts_request("Hund"), timeout=30).translations  # still serving
+
+
+def test_row21_bearer_token_is_required_when_configured(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, auth_token="s3cret")) as server:
+        channel, stub = server.stub()
+        with channel:
+            assert code_of(stub.Translate, texts_request("Hund"), timeout=10)[0] is grpc.StatusCode.UNAUTHENTICATED
+            wrong = (("authorization", "Bearer nope"),)
+            assert code_of(stub.Translate, texts_request("Hund"), timeout=10, metadata=wrong)[0] is grpc.StatusCode.UNAUTHENTICATED
+            stream = pb.TranslateStreamRequest(text="Hund")
+            assert code_of(stub.TranslateStream, stream, timeout=10)[0] is grpc.StatusCode.UNAUTHENTICATED
+            right = (("authorization", "Bearer s3cret"),)
+            assert stub.Translate(texts_request("Hund"), timeout=30, metadata=right).translations
+            # Health stays open to probes that carry no token.
+            assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
