@@ -203,10 +203,11 @@ def test_row14_tiny_deadline_never_reaches_the_engine(stub, running: RunningServ
 
 
 def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_model_dir: Path) -> None:
-    with RunningServer(server_settings(tiny_model_dir, default_deadline_s=0.05)) as server:
+    # Four rows per step: sixteen beam-4 texts of 90 tokens take over a thousand steps, far past 50 ms.
+    with RunningServer(server_settings(tiny_model_dir, default_deadline_s=0.05, max_rows=4)) as server:
         channel, stub = server.stub()
         with channel:
-            code, _ = code_of(stub.Translate, texts_request(*GERMAN * 4, min_output_tokens=90, max_output_tokens=90))
+            code, _ = code_of(stub.Translate, texts_request(*(GERMAN * 6)[:16], beam_size=4, min_output_tokens=90, max_output_tokens=90))
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -279,3 +280,18 @@ def test_row21_bearer_token_is_required_when_configured(tiny_model_dir: Path) ->
             assert stub.Translate(texts_request("Hund"), timeout=30, metadata=right).translations
             # Health stays open to probes that carry no token.
             assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_row13_garbage_on_the_socket_leaves_the_server_answering(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    import random
+    import socket
+
+    rng = random.Random(13)
+    host, port = running.target.rsplit(":", 1)
+    for size in (1, 9, 24, 100, 5000):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            # Random bytes, then an HTTP/2 preface cut short mid-frame.
+            raw.sendall(bytes(rng.randrange(256) for _ in range(size)))
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03")
+    assert stub.Translate(texts_request("Hund"), timeout=30).translations
