@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.padding import pad_sources
-from model.search import Hypothesis, Searcher, SearchOptions, make_searcher
+from model.search import GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
 from server.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -252,13 +252,15 @@ class Engine:
         return [np.ascontiguousarray(layer[:, :, first:]) for layer in past], past_mask[:, first:]
 
     def _advance(self, log_probs: np.ndarray) -> None:
+        # Row counts first: _advance_greedy already moves greedy searchers on (a finished one has no rows left).
+        row_counts = [len(job.searcher.next_tokens) for job in self.active]  # type: ignore[union-attr]
+        greedy = self._advance_greedy(log_probs)
         still_active = []
         offset = 0
-        for job in self.active:
+        for job, rows in zip(self.active, row_counts, strict=True):
             searcher = job.searcher
             assert searcher is not None
-            rows = len(searcher.next_tokens)
-            local_parents = searcher.advance(log_probs[offset : offset + rows])
+            local_parents = greedy[job.job_id] if job.job_id in greedy else searcher.advance(log_probs[offset : offset + rows])
             job.steps += 1
             if local_parents is None:
                 self._finish(job, Outcome.OK)
@@ -272,6 +274,20 @@ class Engine:
         if not self.active:
             self._reset_cache()
             self._reset_pool()
+
+    def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
+        """Plain greedy requests advance together: one argmax for all their rows instead of one call each."""
+        jobs, rows, offset = [], [], 0
+        for job in self.active:
+            searcher = job.searcher
+            if isinstance(searcher, GreedySearch) and searcher.batchable:
+                jobs.append(job)
+                rows.append(offset)
+            offset += len(job.searcher.next_tokens)  # type: ignore[union-attr]
+        if len(jobs) < 2:  # one request gains nothing from the batched path
+            return {}
+        results = advance_greedy([job.searcher for job in jobs], log_probs[rows])  # type: ignore[misc]
+        return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
 
     def _max_length(self, job: Job) -> int:
         return job.options.max_length(len(job.src_ids), self.config.max_positions)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 
@@ -14,7 +15,9 @@ from model.search import (
     GreedySearch,
     Hypothesis,
     SearchOptions,
+    advance_greedy,
     generate,
+    make_searcher,
     run_search,
     top_stable,
 )
@@ -341,3 +344,30 @@ def test_generate_rejects_invalid_options_before_stepping() -> None:
 def test_searcher_rejects_eos_in_target_prefix() -> None:
     with pytest.raises(ValueError, match="target_prefix must not contain eos_id 1"):
         GreedySearch(SearchOptions(target_prefix=(2, EOS)), 3, BOS, EOS, MAX_POSITIONS)
+
+
+def test_advance_greedy_together_equals_each_advance_alone() -> None:
+
+    rng = np.random.default_rng(7)
+    options = [SearchOptions(max_output_tokens=9, min_output_tokens=4), SearchOptions(max_output_tokens=3), SearchOptions(max_output_tokens=12)]
+    alone = [make_searcher(o, 5, BOS, EOS, 64) for o in options]
+    together = copy.deepcopy(alone)
+    for _ in range(14):
+        live = [i for i, searcher in enumerate(alone) if not searcher.done]
+        if not live:
+            break
+        log_probs = np.log(rng.dirichlet(np.ones(16), size=len(options))).astype(np.float32)
+        log_probs[:, EOS] += 1.5  # EOS often best, so the min-length ban and finishing both happen
+        log_probs[:, 5] = log_probs[:, 6] = log_probs.max(axis=1)  # exact ties: the lower id must win
+        expected = [alone[i].advance(log_probs[i : i + 1]) for i in live]
+        got = advance_greedy([together[i] for i in live], log_probs[live])
+        assert [None if e is None else e.tolist() for e in expected] == [None if g is None else g.tolist() for g in got]
+        assert [alone[i].rows for i in live] == [together[i].rows for i in live]
+        assert [alone[i].row_scores.tolist() for i in live] == [together[i].row_scores.tolist() for i in live]
+    assert all(s.done for s in alone) and [s.hypotheses() for s in alone] == [s.hypotheses() for s in together]
+
+
+def test_advance_greedy_refuses_searchers_it_cannot_batch() -> None:
+    penalised = make_searcher(SearchOptions(repetition_penalty=1.5), 5, BOS, EOS, 64)
+    with pytest.raises(ValueError, match="batchable"):
+        advance_greedy([penalised], np.zeros((1, 16), dtype=np.float32))
