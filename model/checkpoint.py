@@ -30,9 +30,12 @@ class Checkpoint:
         return self.model.config
 
 
-def save_weights(model: Transformer, directory: Path) -> None:
+def save_weights(model: Transformer, directory: Path, half: bool = False) -> None:
+    """`half` stores float16 (the shipped checkpoint: half the size; loading casts back to float32)."""
     # The output projection is the embedding (tied), so each tensor is stored once.
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    if half:
+        state = {name: tensor.half() if tensor.is_floating_point() else tensor for name, tensor in state.items()}
     save_file(state, str(Path(directory) / WEIGHTS_FILE))
     model.config.save(Path(directory) / CONFIG_FILE)
 

@@ -216,7 +216,8 @@ class Trainer:
         logger.info("step %d: valid nll %.3f, greedy BLEU %.2f, chrF %.2f", progress.step, result["valid_nll"], result["bleu"], result["chrf"])
         if result["bleu"] > progress.best_bleu:
             progress.best_bleu = result["bleu"]
-            save_weights(self.model, self.out)
+            # Best weights are what ships: float16 halves the committed size; last/ keeps float32 for exact resume.
+            save_weights(self.model, self.out, half=True)
             record["best"] = result
         self.save_last()
         seconds = max(progress.train_seconds, 1e-9)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from model.batching import make_batch, plan_batches
 from model.checkpoint import load_checkpoint
@@ -91,3 +93,11 @@ def test_eval_reproduces_the_validation_bleu(tiny_checkpoint: Path, tiny_corpus:
     assert result["bleu"] == pytest.approx(best["bleu"], abs=0.1)
     assert result["chrf"] == pytest.approx(best["chrf"], abs=0.1)
     assert len(output.read_text().splitlines()) == 10
+
+
+def test_best_weights_ship_in_float16_and_load_as_float32(tiny_checkpoint: Path) -> None:
+    stored = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert {tensor.dtype for tensor in stored.values() if tensor.is_floating_point()} == {torch.float16}
+    model = load_checkpoint(tiny_checkpoint).model
+    for name, parameter in model.state_dict().items():
+        assert parameter.dtype == torch.float32 and torch.equal(parameter, stored[name].float()), name

@@ -1,0 +1,38 @@
+"""nmt-serve settings: every field is a flag and an NMT_ variable; flags win; bad values are named."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from server.settings import DEFAULT_MODEL_DIR, ServerSettings, env_name, parse_settings
+
+
+def test_defaults_serve_the_shipped_model() -> None:
+    settings = parse_settings([], environ={})
+    assert settings == ServerSettings() and settings.model_dir == DEFAULT_MODEL_DIR
+    assert (DEFAULT_MODEL_DIR / "manifest.json").is_file()
+
+
+def test_every_field_reads_its_environment_variable_and_flags_win() -> None:
+    environ = {env_name("port"): "6001", env_name("max_texts"): "7", env_name("default_deadline_s"): "2.5",
+               env_name("auth_token"): "t", env_name("model_dir"): "/models/x"}  # fmt: skip
+    settings = parse_settings(["--max-texts", "9"], environ=environ)
+    assert (settings.port, settings.max_texts, settings.default_deadline_s, settings.auth_token) == (6001, 9, 2.5, "t")
+    assert settings.model_dir == Path("/models/x")
+    assert parse_settings(["/models/y"], environ=environ).model_dir == Path("/models/y")
+    for field in dataclasses.fields(ServerSettings):
+        assert env_name(field.name).startswith("NMT_")
+
+
+@pytest.mark.parametrize(("argv", "environ", "named"), [
+    (["--max-texts", "0"], {}, "max_texts"),
+    (["--port", "70000"], {}, "port"),
+    (["--tls-cert", "c.pem"], {}, "tls_key"),
+    ([], {"NMT_MAX_ROWS": "many"}, "NMT_MAX_ROWS"),
+])  # fmt: skip
+def test_bad_settings_are_named(argv: list[str], environ: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        parse_settings(argv, environ=environ)
