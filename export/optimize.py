@@ -26,10 +26,13 @@ def convert_to_fp16(source: Path, target: Path) -> None:
 
 
 def convert_to_int8(source: Path, target: Path) -> None:
-    """Dynamic int8 quantization of MatMul weights.
+    """Dynamic int8 quantization of MatMul weights (per channel) and of the embedding Gather.
 
     Pre-processing first: without it the tied output projection (a transposed embedding) stays
-    fp32 and int8 gives no speed-up (measured, shared/ONNX-NOTES.md).
+    fp32 and int8 gives no speed-up (measured, shared/ONNX-NOTES.md). Quantizing the embedding
+    Gather too halves the dirs (24.9 -> 12.6 MB for the default model) at the same step time;
+    parity on the held-out test moved from 84.1% / 81.8% identical (greedy / beam 4) to 82.5% /
+    78.3%, BLEU delta -0.19 / +0.17.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -37,7 +40,7 @@ def convert_to_int8(source: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm"])
+        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm", "Gather"])
 
 
 def convert_precision(source: Path, target: Path, precision: str) -> None:
