@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -33,6 +34,16 @@ def notify(callback: Callable[..., None], *args: object) -> None:
         callback(*args)
     except Exception:
         logger.exception("engine callback failed")
+
+
+class EngineObserver(Protocol):
+    """What the engine reports per call (server/metrics.py implements it); called on the engine thread."""
+
+    def encoded(self, seconds: float) -> None: ...
+
+    def stepped(self, seconds: float, rows: int, padding_ratio: float) -> None: ...
+
+    def engine_failed(self) -> None: ...
 
 
 class Outcome(enum.Enum):
@@ -62,6 +73,9 @@ class Job:
     hypotheses: list[Hypothesis] = field(default_factory=list)
     error: BaseException | None = None
     finished_at: float = 0.0  # time.perf_counter() when the outcome was set
+    submitted_at: float = field(default_factory=time.perf_counter)
+    joined_at: float = 0.0  # perf_counter() once encoded and in the batch; 0 = never joined
+    first_token_at: float = 0.0  # perf_counter() after its first decoder step
     done: threading.Event = field(default_factory=threading.Event)
     on_done: Callable[[Job], None] | None = None
 
@@ -92,8 +106,9 @@ class EngineLimits:
 class Engine:
     """Not thread-safe by itself except `submit` and `cancel`; one worker thread calls `step`."""
 
-    def __init__(self, runtime: Runtime, limits: EngineLimits = EngineLimits()) -> None:
+    def __init__(self, runtime: Runtime, limits: EngineLimits = EngineLimits(), observer: EngineObserver | None = None) -> None:
         self.runtime = runtime
+        self.observer = observer
         self.config = runtime.config
         self.limits = limits
         self._ids = itertools.count()
@@ -101,6 +116,7 @@ class Engine:
         self._pending: deque[Job] = deque()
         self.active: list[Job] = []
         self.profile = StepProfile()
+        self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
         self._reset_cache()
         self._reset_pool()
 
@@ -131,11 +147,15 @@ class Engine:
     def step(self) -> None:
         """Admit, drop, run one decoder call for all live rows, advance every searcher."""
         started = time.perf_counter()
+        self._last_rows, self._last_padding = 0, 0.0
         try:
             self._step()
         finally:
+            seconds = time.perf_counter() - started
             self.profile.steps += 1
-            self.profile.total_s += time.perf_counter() - started
+            self.profile.total_s += seconds
+            if self.observer is not None and self._last_rows:
+                self.observer.stepped(seconds, self._last_rows, self._last_padding)
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -150,6 +170,8 @@ class Engine:
             log_probs = self._run_decoder(source_index, cache_index, tgt_ids, is_new)
         except Exception as error:  # a failed run fails the requests in it, not the engine
             logger.exception("decoder step failed for %d requests", len(self.active))
+            if self.observer is not None:
+                self.observer.engine_failed()
             for job in self.active:
                 self._finish(job, Outcome.FAILED, error)
             self.active = []
@@ -199,10 +221,14 @@ class Engine:
             self._encode(admitted)
         except Exception as error:
             logger.exception("encoder failed for %d requests", len(admitted))
+            if self.observer is not None:
+                self.observer.engine_failed()
             for job in admitted:
                 self._finish(job, Outcome.FAILED, error)
             return set()
+        joined_at = time.perf_counter()
         for job in admitted:
+            job.joined_at = joined_at
             job.searcher = make_searcher(job.options, len(job.src_ids), self.config.bos_id, self.config.eos_id, self.config.max_positions)
             job.rows = len(job.searcher.next_tokens)
         self.active.extend(admitted)
@@ -234,6 +260,8 @@ class Engine:
             past_mask = self._past_mask[gather] & ~is_new[:, None]
             positions = np.where(is_new, 0, self._positions[gather])
             past, past_mask = self._trim(past, past_mask)
+        self._last_rows = len(cache_index)
+        self._last_padding = 1.0 - float(past_mask.mean()) if past_mask.size else 0.0
         decoding = time.perf_counter()
         log_probs, present = self.runtime.decode(tgt_ids, positions, gather, past_mask, source_index, self._src_mask, past, self._cross)
         self.profile.decode_s += time.perf_counter() - decoding
@@ -262,6 +290,8 @@ class Engine:
             assert searcher is not None
             local_parents = greedy[job.job_id] if job.job_id in greedy else searcher.advance(log_probs[offset : offset + rows])
             job.steps += 1
+            if job.steps == 1:
+                job.first_token_at = time.perf_counter()
             if local_parents is None:
                 self._finish(job, Outcome.OK)
             else:
@@ -323,7 +353,10 @@ class Engine:
         width = ids.shape[1]
         encoding = time.perf_counter()
         cross = self.runtime.encode(ids, mask)
-        self.profile.encode_s += time.perf_counter() - encoding
+        seconds = time.perf_counter() - encoding
+        self.profile.encode_s += seconds
+        if self.observer is not None:
+            self.observer.encoded(seconds)
         pool_width = max(width, self._src_mask.shape[1])
         self._widen_pool(pool_width)
         new_cross = [self._pad_src(layer, pool_width) for layer in cross]

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from export.manifest import ModelDirError
 from server.auth import BearerTokenInterceptor
 from server.engine import Engine, EngineLimits
+from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Scheduler
 from server.service import SERVICE_NAME, TranslationService
@@ -35,11 +37,18 @@ class Server:
         providers = tuple(p for p in settings.providers.split(",") if p)
         self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=settings.threads,
                                                                        warmup_rows=min(settings.max_rows, 64)))  # fmt: skip
-        engine = Engine(self.runtime, EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens))
-        self.scheduler = Scheduler(engine, QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens))
+        self.metrics = Metrics()
+        engine = Engine(self.runtime, EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens), self.metrics)
+        queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
+        self.scheduler = Scheduler(engine, queue_limits, self.metrics)
+        manifest = self.runtime.manifest
+        self.metrics.describe_model(manifest.model_name, manifest.model_version, manifest.precision, self.runtime.provider)
+        self.metrics.watch_queue(lambda: engine.pending, lambda: len(engine.active))
         self.health = health.aio.HealthServicer()
-        self.service = TranslationService(self.runtime, self.scheduler, settings)
+        self.service = TranslationService(self.runtime, self.scheduler, settings, self.metrics)
         self.port = 0
+        self.metrics_port = 0
+        self._metrics_server: Any = None
         self.serving = threading.Event()  # set once health says SERVING (scripts and tests wait on it)
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +81,9 @@ class Server:
     async def run(self, install_signals: bool = True) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         server = self._build()
+        if self.settings.metrics_port >= 0:
+            self._metrics_server, self.metrics_port = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
+            logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         if install_signals:
@@ -99,6 +111,9 @@ class Server:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.stop(self.settings.grace_s)
         self.scheduler.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         logger.info("stopped")
 
 
@@ -117,7 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # an ONNX Runtime load failure names the file inside its message
         logger.error("cannot load %s: %s", settings.model_dir, error)
         return 1
-    asyncio.run(server.run())
+    try:
+        asyncio.run(server.run())
+    except OSError as error:  # a port already taken, an address not on this host
+        logger.error("cannot listen: %s", error)
+        return 1
     return 0
 
 

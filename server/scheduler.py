@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -33,6 +34,14 @@ class RequestFailed(Exception):
         self.outcome = outcome
 
 
+class SchedulerObserver(Protocol):
+    """Admission and per-request timings (server/metrics.py implements it); called on any thread."""
+
+    def rejected_for(self, reason: str) -> None: ...
+
+    def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None: ...
+
+
 @dataclass(frozen=True)
 class QueueLimits:
     max_requests: int = 256  # waiting + running requests
@@ -42,9 +51,10 @@ class QueueLimits:
 class Scheduler:
     """Submit from the event loop; ONNX Runtime runs in the worker thread, never on the loop."""
 
-    def __init__(self, engine: Engine, limits: QueueLimits = QueueLimits()) -> None:
+    def __init__(self, engine: Engine, limits: QueueLimits = QueueLimits(), observer: SchedulerObserver | None = None) -> None:
         self.engine = engine
         self.limits = limits
+        self.observer = observer
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._work, name="nmt-engine", daemon=True)
@@ -81,6 +91,14 @@ class Scheduler:
                 logger.exception("engine step raised")
 
     def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:
+        try:
+            self._check_admission(src_ids, deadline)
+        except Rejected as rejected:
+            if self.observer is not None:
+                self.observer.rejected_for(rejected.reason)
+            raise
+
+    def _check_admission(self, src_ids: Sequence[int], deadline: float | None) -> None:
         if self.draining:
             raise Rejected("draining", "server is shutting down")
         if deadline is not None and time.monotonic() >= deadline:
@@ -97,6 +115,11 @@ class Scheduler:
         with self._lock:
             self._requests -= 1
             self._tokens -= len(job.src_ids)
+        if self.observer is not None:
+            joined = job.joined_at - job.submitted_at if job.joined_at else None
+            first = job.first_token_at - job.submitted_at if job.first_token_at else None
+            output = len(job.hypotheses[0].token_ids) if job.hypotheses else None
+            self.observer.finished_job(joined, first, len(job.src_ids), output)
 
     async def translate(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None = None) -> list[Hypothesis]:
         """n-best hypotheses; raises Rejected (not admitted) or RequestFailed. Cancelling the task cancels the job."""

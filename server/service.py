@@ -17,6 +17,7 @@ from protos.nmt.translation.v1 import translation_pb2 as pb
 from server.requests import InvalidRequest, Limits, RequestReader, Task
 from server.runtime import Runtime
 from server.scheduler import Scheduler
+from server.metrics import Metrics
 from server.settings import ServerSettings
 from server.status import NotReady, status_for
 
@@ -45,8 +46,9 @@ def lenient(message_class: Any) -> Callable[[bytes], Any]:
 
 
 class TranslationService:
-    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings) -> None:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings, metrics: Metrics | None = None) -> None:
         self.runtime = runtime
+        self.metrics = metrics
         self.scheduler = scheduler
         self.settings = settings
         self.tokenizer = runtime.tokenizer
@@ -66,9 +68,10 @@ class TranslationService:
             translations = [pb.Translation(hypotheses=[self._hypothesis(h) for h in nbest]) for nbest in nbests]
             return pb.TranslateResponse(translations=translations, model=self.reader.model_name)
 
-        return await self._guard(context, answer())
+        return await self._guard("Translate", context, answer())
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest | Unparsable, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TranslateStreamResponse]:
+        started, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             task = self.reader.stream(self._parsed(request))
             source = task.sources[0]
@@ -91,10 +94,13 @@ class TranslationService:
                 tail = hypotheses[0].text[len(sent):] if hypotheses[0].text.startswith(sent) else ""
                 yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
         except asyncio.CancelledError:
+            code = self._cancel_code(context)
             raise
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
             code, message = status_for(error)
             await context.abort(code, message)
+        finally:
+            self._answered("TranslateStream", code, started)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         async def answer() -> pb.ModelInfo:
@@ -110,21 +116,34 @@ class TranslationService:
                                 target_language=manifest.target_language, precision=manifest.precision,
                                 execution_provider=self.runtime.provider, limits=limits)  # fmt: skip
 
-        return await self._guard(context, answer())
+        return await self._guard("GetModelInfo", context, answer())
 
     # ------------------------------------------------------------ helpers
 
-    async def _guard(self, context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+    async def _guard(self, method: str, context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+        started, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             return await work
         except ExceptionGroup as group:  # from the TaskGroup: answer with the first failure
             code, message = status_for(group.exceptions[0])
             await context.abort(code, message)
         except asyncio.CancelledError:
+            code = self._cancel_code(context)
             raise  # the client went away or its deadline passed: grpcio reports that itself
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
             code, message = status_for(error)
             await context.abort(code, message)
+        finally:
+            self._answered(method, code, started)
+
+    @staticmethod
+    def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+        remaining = context.time_remaining()
+        return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+
+    def _answered(self, method: str, code: grpc.StatusCode, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(method, code.name, time.perf_counter() - started)
 
     def _parsed(self, request: Any, need_ready: bool = True) -> Any:
         if need_ready and not self.runtime.ready:

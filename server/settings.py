@@ -19,6 +19,8 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = any free port (logged, and written to --port-file)
     port_file: str = ""  # where the bound port is written once serving (tests, scripts)
+    metrics_host: str = "127.0.0.1"  # the Prometheus /metrics endpoint (0.0.0.0 in containers)
+    metrics_port: int = 9300  # 0 = any free port (logged); -1 = no endpoint
     # Request limits (reported by GetModelInfo).
     max_texts: int = 64
     max_chars_per_text: int = 2000
@@ -47,6 +49,8 @@ class ServerSettings:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            problems.append(f"metrics_port must be between -1 (off) and 65535, got {self.metrics_port}")
         if self.default_deadline_s <= 0 or self.grace_s < 0:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -27,7 +27,7 @@ def start_server(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subproce
     port_file = tmp_path / "port"
     port_file.unlink(missing_ok=True)
     process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
-                                "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                                "--threads", "1", "--metrics-port", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -74,7 +74,7 @@ def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
 
 
 def run_bad(model_dir: Path) -> tuple[int, str]:
-    result = subprocess.run([sys.executable, "-m", "server.main", str(model_dir), "--port", "0"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--metrics-port", "-1"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     return result.returncode, result.stdout + result.stderr
 

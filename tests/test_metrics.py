@@ -1,0 +1,119 @@
+"""Metrics of a real server scraped over HTTP; the dashboard and the Prometheus config use only what it exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
+from server.settings import ServerSettings
+from tests.serving import RunningServer, server_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt-serve.json"
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
+
+
+def scrape_until(port: int, ready: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
+    """A failed call's status can reach the client a moment before the server counts it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape(port)
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def metered(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=64)) as server:
+        yield server
+
+
+def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
+    channel, stub = metered.stub()
+    with channel:
+        for _ in range(3):
+            stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund.", "Wir mag Kaffee."]), timeout=30)
+        list(stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund."), timeout=30))
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                stub.Translate(pb.TranslateRequest(), timeout=30)
+        stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    key = ("nmt_requests_total", (("code", "INVALID_ARGUMENT"), ("method", "Translate")))
+    samples = scrape_until(metered.server.metrics_port, lambda found: found.get(key) == 2)
+
+    def value(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("nmt_requests_total", method="Translate", code="OK") == 3
+    assert value("nmt_requests_total", method="Translate", code="INVALID_ARGUMENT") == 2
+    assert value("nmt_requests_total", method="TranslateStream", code="OK") == 1
+    assert value("nmt_requests_total", method="GetModelInfo", code="OK") == 1
+    assert value("nmt_request_duration_seconds_count", method="Translate") == 5
+    # Seven texts reached the engine: 3 x 2 unary + 1 streamed.
+    assert value("nmt_input_tokens_count") == value("nmt_output_tokens_count") == value("nmt_queue_wait_seconds_count") == 7
+    assert value("nmt_time_to_first_token_seconds_count") == 7
+    steps = value("nmt_decode_step_duration_seconds_count")
+    assert steps > 0 and value("nmt_batch_rows_count") == steps and value("nmt_generated_tokens_total") >= value("nmt_output_tokens_sum")
+    assert 0 <= value("nmt_padding_ratio_sum") <= steps
+    assert value("nmt_queue_depth") == 0 and value("nmt_active_requests") == 0
+    manifest = metered.server.runtime.manifest
+    info = {"model": manifest.model_name, "version": manifest.model_version, "precision": "fp32", "provider": "CPUExecutionProvider"}
+    assert value("nmt_model_info", **info) == 1
+    assert value("process_resident_memory_bytes") > 0  # process metrics come with the server's registry
+
+
+def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=1, max_rows=1)) as server:
+        channel, stub = server.stub()
+        request = pb.TranslateRequest(texts=["Ich sehe den Hund."] * 4, options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
+        with channel, pytest.raises(grpc.RpcError) as caught:
+            stub.Translate(request, timeout=30)
+        key = ("nmt_requests_total", (("code", "RESOURCE_EXHAUSTED"), ("method", "Translate")))
+        samples = scrape_until(server.server.metrics_port, lambda found: key in found)
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert samples[("nmt_rejected_total", (("reason", "queue_full"),))] >= 1
+    assert samples[key] == 1
+
+
+def test_latency_buckets_include_the_documented_slo() -> None:
+    assert LATENCY_SLO_SECONDS in REQUEST_BUCKETS
+
+
+def test_dashboard_uses_only_exported_metric_names() -> None:
+    exported = Metrics().names()
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in expressions for name in re.findall(r"\b(nmt_[a-z_]+)\b", expr)}
+    assert used and used <= exported, f"not exported: {sorted(used - exported)}"
+    # Every metric of DESIGN section 8 is on the dashboard.
+    families = {name.removesuffix(suffix) for name in used for suffix in ("_bucket", "_sum", "_count", "_total", "_info") if name.endswith(suffix)} | used
+    for metric in ("nmt_requests", "nmt_request_duration_seconds", "nmt_time_to_first_token_seconds", "nmt_queue_wait_seconds",
+                   "nmt_queue_depth", "nmt_batch_rows", "nmt_decode_step_duration_seconds", "nmt_generated_tokens", "nmt_padding_ratio",
+                   "nmt_rejected"):  # fmt: skip
+        assert metric in families, metric
+
+
+def test_prometheus_config_scrapes_the_default_metrics_port() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+    targets = [target for job in config["scrape_configs"] for static in job["static_configs"] for target in static["targets"]]
+    assert targets and all(target.endswith(f":{ServerSettings().metrics_port}") for target in targets)

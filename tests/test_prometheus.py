@@ -1,0 +1,104 @@
+"""A real Prometheus (the Debian binary) scrapes a real server through deploy/prometheus.yml, targets on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from tests.serving import RunningServer, server_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus binary not installed (apt-get install prometheus; .ci/run does)")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(check, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+@pytest.fixture()
+def prometheus_on(tmp_path: Path, tiny_model_dir: Path) -> Iterator[tuple[RunningServer, int]]:
+    with RunningServer(server_settings(tiny_model_dir)) as server:
+        config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+        config["global"]["scrape_interval"] = "1s"  # the shipped 5 s, shortened so the test is quick
+        for job in config["scrape_configs"]:
+            for static in job["static_configs"]:
+                static["targets"] = [f"127.0.0.1:{server.server.metrics_port}"]
+        config_path = tmp_path / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        port = free_port()
+        log = (tmp_path / "prometheus.log").open("w")
+        process = subprocess.Popen([PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            ready = wait_for(lambda: _ready(port), 30)
+            assert ready, (tmp_path / "prometheus.log").read_text()
+            yield server, port
+        finally:
+            process.terminate()
+            process.wait(10)
+            log.close()
+
+
+def _ready(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def test_prometheus_scrapes_request_counts_the_client_saw(prometheus_on: tuple[RunningServer, int]) -> None:
+    server, port = prometheus_on
+    sent = {"OK": 0, "INVALID_ARGUMENT": 0}
+    channel, stub = server.stub()
+    with channel:
+        for index in range(9):
+            try:
+                texts = ["Ich sehe den Hund."] if index % 3 else []
+                stub.Translate(pb.TranslateRequest(texts=texts), timeout=30)
+                sent["OK"] += 1
+            except grpc.RpcError as error:
+                sent[error.code().name] += 1
+    assert sent == {"OK": 6, "INVALID_ARGUMENT": 3}
+
+    def counts() -> dict[str, float] | None:
+        found = {item["metric"]["code"]: float(item["value"][1]) for item in query(port, 'nmt_requests_total{job="nmt",method="Translate"}')}
+        return found if found == sent else None
+
+    assert wait_for(counts) == sent, query(port, "nmt_requests_total")
+    assert [float(item["value"][1]) for item in query(port, 'up{job="nmt"}')] == [1.0]
+    # The histograms answer quantile queries, and the model is labelled.
+    assert query(port, 'histogram_quantile(0.99, sum by (le) (nmt_request_duration_seconds_bucket{method="Translate"}))')
+    info = query(port, "nmt_model_info")
+    assert info and info[0]["metric"]["precision"] == "fp32"
