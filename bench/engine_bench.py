@@ -95,6 +95,19 @@ def sample_sources(test: Path | None, count: int, vocab_size: int, checkpoint: P
     return [[rng.randrange(4, vocab_size) for _ in range(rng.randint(12, 24))] for _ in range(count)]
 
 
+def metrics_cost(model_dir: Path, sources: list[list[int]], threads: int, repeats: int, length: int) -> str:
+    """Engine throughput with and without the server's metrics observations, interleaved (target: under 2% cost)."""
+    plain, metered = EngineSystem(model_dir, threads, "int8"), EngineSystem(model_dir, threads, "int8 + metrics", metrics=True)
+    cells = [Cell(batch, beam, length) for batch, beam in ((1, 1), (8, 1), (32, 1), (8, 4))]
+    results = time_cells([plain, metered], sources, cells, repeats)
+    lines = [f"### Cost of metrics on engine throughput (default model, int8, {threads} thread(s), median of {repeats})", "",
+             "| batch | beam | without metrics (tokens/s) | with metrics (tokens/s) | cost |", "|---|---|---|---|---|"]  # fmt: skip
+    for cell in cells:
+        without, with_metrics = (statistics.median(results[(cell, system.name)]) for system in (plain, metered))
+        lines.append(f"| {cell.batch} | {cell.beam} | {without:.0f} | {with_metrics:.0f} | {100 * (1 - with_metrics / without):+.1f}% |")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-bench", description=__doc__)
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
@@ -107,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", default="default,base", help="default (the shipped model) and/or base (random d512 6+6 V32k)")
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
     parser.add_argument("--open-loop-seconds", type=float, default=30.0, help="per batching mode; 0 skips the open-loop run")
+    parser.add_argument("--metrics-cost-repeats", type=int, default=7, help="repeats of the metrics-cost table; 0 skips it")
     parser.add_argument("--out", type=Path, default=Path("bench/results/engine.md"))
     return parser
 
@@ -127,13 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 test = None
             systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2)
             vocab = load_checkpoint(checkpoint).config.vocab_size
-            sources = sample_sources(test, max(c.batch for c in cells), vocab, checkpoint)
+            sources = sample_sources(test, max(32, *(c.batch for c in cells)), vocab, checkpoint)  # 32: the metrics-cost cells
             results = time_cells(systems, sources, cells, args.repeats)
             sections.append(format_table(f"{model} model, output length {args.length}, {args.threads} threads", systems, cells, results))
             sections.append(format_profiles(model, [s for s in systems if isinstance(s, EngineSystem)]))
             if model == "default" and args.open_loop_seconds > 0:
                 engine_system = next(s for s in systems if isinstance(s, EngineSystem))
                 sections.append(run_open_loop(engine_system.runtime, sources, args.open_loop_seconds))
+            if model == "default" and args.metrics_cost_repeats > 0:
+                sections.append(metrics_cost(model_dirs["int8"], sources, args.threads, args.metrics_cost_repeats, args.length))
     command = "nmt-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = f"# Engine benchmark\n\nProduced by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)

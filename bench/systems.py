@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from model.checkpoint import load_checkpoint
 from model.search import SearchOptions, generate
 from model.torch_step import TorchStep
 from server.engine import Engine, EngineLimits
+from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
 
 
@@ -52,17 +54,25 @@ class TorchSystem:
 class EngineSystem:
     """Our serving engine (continuous batching over ONNX Runtime): all sources submitted at once."""
 
-    def __init__(self, model_dir: Path, threads: int, label: str) -> None:
+    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False) -> None:
         self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16))
         self.runtime.warm_up()
-        self.engine = Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22))
+        # With metrics, every observation the server makes per step and per request is made here too.
+        self.metrics = Metrics() if metrics else None
+        self.engine = Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22), self.metrics)
         self.name = f"nmt-serve {label}"
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         options = forced_options(cell)
+        started = time.perf_counter()
         jobs = [self.engine.submit(source, options) for source in sources]
         while self.engine.has_work:
             self.engine.step()
+        if self.metrics is not None:
+            for job in jobs:
+                self.metrics.finished_job(job.joined_at - job.submitted_at, job.first_token_at - job.submitted_at, len(job.src_ids),
+                                          len(job.hypotheses[0].token_ids))  # fmt: skip
+                self.metrics.answered("Translate", "OK", time.perf_counter() - started)
         return sum(len(job.hypotheses[0].token_ids) for job in jobs)
 
 
