@@ -115,5 +115,5 @@ def test_dashboard_uses_only_exported_metric_names() -> None:
 
 def test_prometheus_config_scrapes_the_default_metrics_port() -> None:
     config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
-    targets = [target for job in config["scrape_configs"] for static in job["static_configs"] for target in static["targets"]]
-    assert targets and all(target.endswith(f":{ServerSettings().metrics_port}") for target in targets)
+    ports = [sd["port"] for job in config["scrape_configs"] for sd in job["dns_sd_configs"]]
+    assert ports == [ServerSettings().metrics_port]

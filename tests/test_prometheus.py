@@ -53,8 +53,9 @@ def prometheus_on(tmp_path: Path, tiny_model_dir: Path) -> Iterator[tuple[Runnin
         config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
         config["global"]["scrape_interval"] = "1s"  # the shipped 5 s, shortened so the test is quick
         for job in config["scrape_configs"]:
-            for static in job["static_configs"]:
-                static["targets"] = [f"127.0.0.1:{server.server.metrics_port}"]
+            # The compose file finds replicas through Docker's DNS; here the one replica is on loopback.
+            job.pop("dns_sd_configs")
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{server.server.metrics_port}"]}]
         config_path = tmp_path / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         port = free_port()

@@ -1,0 +1,50 @@
+# nmt-serve images, torch-free: `--target cpu` (python slim + onnxruntime) or `--target gpu`
+# (CUDA runtime + cuDNN + onnxruntime-gpu). Both run as a non-root user and answer the
+# container healthcheck through grpc.health.v1 (nmt-health, part of the image).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+FROM ${PYTHON_IMAGE} AS cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /opt/nmt
+COPY pyproject.toml README.md ./
+COPY model/ model/
+COPY export/ export/
+COPY server/ server/
+COPY client/ client/
+COPY protos/ protos/
+RUN pip install '.[serve-cpu]'
+# The shipped model dirs only (the training checkpoint stays out of the image).
+COPY artifacts/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
+COPY artifacts/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+RUN useradd --system --uid 10001 --no-create-home nmt
+USER nmt
+ENV NMT_MODEL_DIR=/models/de-en-small/onnx-int8 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
+EXPOSE 50051 9300
+HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 CMD ["nmt-health", "--target", "127.0.0.1:50051"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["nmt-serve"]
+
+FROM ${CUDA_IMAGE} AS gpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /opt/nmt
+COPY pyproject.toml README.md ./
+COPY model/ model/
+COPY export/ export/
+COPY server/ server/
+COPY client/ client/
+COPY protos/ protos/
+RUN pip install '.[serve]'
+COPY artifacts/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
+COPY artifacts/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+RUN useradd --system --uid 10001 --no-create-home nmt
+USER nmt
+# fp32 on the GPU (int8 dynamic quantization is a CPU format).
+ENV NMT_MODEL_DIR=/models/de-en-small/onnx-fp32 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
+EXPOSE 50051 9300
+HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 CMD ["nmt-health", "--target", "127.0.0.1:50051"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["nmt-serve"]

@@ -1,0 +1,31 @@
+"""nmt-health: exit 0 when a server's grpc.health.v1 check says SERVING (the container healthcheck; no extra binaries)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nmt-health", description=__doc__)
+    parser.add_argument("--target", default="127.0.0.1:50051")
+    parser.add_argument("--service", default="", help="service name; empty = the whole server")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    try:
+        with grpc.insecure_channel(args.target) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+    except grpc.RpcError as error:
+        sys.stderr.write(f"nmt-health: {args.target}: {error.code().name}\n")
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    sys.stdout.write(f"{args.target}: {status}\n")
+    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

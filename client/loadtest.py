@@ -1,0 +1,263 @@
+"""nmt-loadtest: closed-loop (concurrency) or open-loop (Poisson rate) load on a translation server or balancer.
+
+Reports achieved requests and tokens per second, latency percentiles, time to first token when
+streaming, counts by status code (RESOURCE_EXHAUSTED apart from errors) and, given --metrics-url,
+the server-side deltas of queue wait and batch rows over the run. Markdown and JSON output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+
+logger = logging.getLogger("nmt-loadtest")
+
+SAMPLE_TEXTS = Path(__file__).with_name("sample_texts.txt")  # written for this project, not corpus text
+SERVER_SERIES = ("nmt_queue_wait_seconds", "nmt_batch_rows", "nmt_decode_step_duration_seconds")
+
+
+@dataclass
+class Outcome:
+    code: str
+    latency_s: float
+    first_token_s: float | None
+    tokens: int
+
+
+@dataclass
+class Report:
+    mode: str
+    target: str
+    duration_s: float
+    requests: int
+    requests_per_s: float
+    tokens_per_s: float
+    latency_s: dict[str, float]
+    first_token_s: dict[str, float]
+    codes: dict[str, int]
+    rejected: int  # RESOURCE_EXHAUSTED: refused by admission control, not an error
+    errors: int  # anything else but OK
+    server: dict[str, float] = field(default_factory=dict)  # mean of each server histogram over the run
+
+    def markdown(self) -> str:
+        lines = [f"### nmt-loadtest {self.mode} against {self.target}", "",
+                 "| requests | requests/s | tokens/s | p50 (s) | p90 (s) | p99 (s) | max (s) | OK | RESOURCE_EXHAUSTED | other errors |",
+                 "|---|---|---|---|---|---|---|---|---|---|",
+                 f"| {self.requests} | {self.requests_per_s:.1f} | {self.tokens_per_s:.0f} | {self.latency_s.get('p50', 0):.3f} "
+                 f"| {self.latency_s.get('p90', 0):.3f} | {self.latency_s.get('p99', 0):.3f} | {self.latency_s.get('max', 0):.3f} "
+                 f"| {self.codes.get('OK', 0)} | {self.rejected} | {self.errors} |"]  # fmt: skip
+        if self.first_token_s:
+            lines += ["", f"Time to first token: p50 {self.first_token_s['p50']:.3f} s, p99 {self.first_token_s['p99']:.3f} s."]
+        if self.server:
+            lines += ["", "Server side over the run: " + ", ".join(f"mean {name} {value:.4g}" for name, value in self.server.items()) + "."]
+        other = {code: count for code, count in self.codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")}
+        if other:
+            lines += ["", "Errors by code: " + ", ".join(f"{code} {count}" for code, count in sorted(other.items())) + "."]
+        return "\n".join(lines) + "\n"
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(share: float) -> float:
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1], "mean": statistics.fmean(ordered)}
+
+
+def scrape_sums(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each server histogram in SERVER_SERIES, summed over label sets."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in SERVER_SERIES}
+    for line in text.splitlines():
+        for name in SERVER_SERIES:
+            for index, suffix in enumerate(("_sum", "_count")):
+                if line.startswith(name + suffix + " ") or line.startswith(name + suffix + "{"):
+                    totals[name][index] += float(line.rsplit(" ", 1)[1])
+    return {name: (values[0], values[1]) for name, values in totals.items()}
+
+
+class LoadTest:
+    def __init__(self, args: argparse.Namespace, texts: list[str]) -> None:
+        self.args = args
+        self.texts = texts
+        self.rng = random.Random(args.seed)
+        self.outcomes: list[Outcome] = []
+        self.metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+        options = {"beam_size": args.beam} if args.beam else {}
+        self.options = pb.DecodingOptions(**options)
+
+    async def one(self, stub: pb_grpc.TranslationServiceStub) -> None:
+        text = self.rng.choice(self.texts)
+        started = time.perf_counter()
+        first: float | None = None
+        tokens = 0
+        try:
+            if self.args.stream:
+                async for message in stub.TranslateStream(pb.TranslateStreamRequest(text=text, options=self.options),
+                                                          timeout=self.args.timeout, metadata=self.metadata):  # fmt: skip
+                    if first is None and message.text_delta:
+                        first = time.perf_counter() - started
+                    if message.final:
+                        tokens = message.hypotheses[0].token_count
+            else:
+                response = await stub.Translate(pb.TranslateRequest(texts=[text], options=self.options), timeout=self.args.timeout,
+                                                metadata=self.metadata)  # fmt: skip
+                tokens = response.translations[0].hypotheses[0].token_count
+            code = "OK"
+        except grpc.aio.AioRpcError as error:
+            code = error.code().name
+        self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens))
+
+    def finished(self, started: float, issued: int) -> bool:
+        if self.args.requests:
+            return issued >= self.args.requests
+        return time.perf_counter() - started >= self.args.duration
+
+    async def closed_loop(self, stub: pb_grpc.TranslationServiceStub, started: float) -> None:
+        issued = 0
+
+        async def worker() -> None:
+            nonlocal issued
+            while not self.finished(started, issued):
+                issued += 1
+                await self.one(stub)
+
+        await asyncio.gather(*(worker() for _ in range(self.args.concurrency)))
+
+    async def open_loop(self, stub: pb_grpc.TranslationServiceStub, started: float) -> None:
+        """Arrivals on a Poisson clock, whatever the server's pace: overload shows as latency and rejections."""
+        tasks, issued, due = [], 0, started
+        while not self.finished(started, issued):
+            due += self.rng.expovariate(self.args.rate)
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            tasks.append(asyncio.create_task(self.one(stub)))
+            issued += 1
+        await asyncio.gather(*tasks)
+
+    async def progress(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(self.args.progress_every)
+            done = len(self.outcomes)
+            elapsed = time.perf_counter() - started
+            codes = Counter(outcome.code for outcome in self.outcomes)
+            logger.info("%5.1f s: %d done (%.1f/s), %s", elapsed, done, done / elapsed, dict(codes))
+
+    async def run(self) -> Report:
+        args = self.args
+        async with grpc.aio.insecure_channel(args.target) as channel:
+            if args.wait_ready:
+                await wait_ready(channel, args.wait_ready)
+            stub = pb_grpc.TranslationServiceStub(channel)
+            before = scrape_sums(args.metrics_url) if args.metrics_url else {}
+            started = time.perf_counter()
+            reporter = asyncio.create_task(self.progress(started))
+            try:
+                await (self.open_loop(stub, started) if args.rate else self.closed_loop(stub, started))
+            finally:
+                reporter.cancel()
+            elapsed = time.perf_counter() - started
+            after = scrape_sums(args.metrics_url) if args.metrics_url else {}
+        server = {}
+        for name, (total, count) in after.items():
+            delta_count = count - before[name][1]
+            if delta_count > 0:
+                server[name] = (total - before[name][0]) / delta_count
+        codes = Counter(outcome.code for outcome in self.outcomes)
+        ok = [outcome for outcome in self.outcomes if outcome.code == "OK"]
+        mode = f"open loop at {args.rate:g} requests/s" if args.rate else f"closed loop, concurrency {args.concurrency}"
+        return Report(
+            mode=mode + (", streaming" if args.stream else ""), target=args.target, duration_s=elapsed, requests=len(self.outcomes),
+            requests_per_s=len(ok) / elapsed, tokens_per_s=sum(outcome.tokens for outcome in ok) / elapsed,
+            latency_s=percentiles([outcome.latency_s for outcome in ok]),
+            first_token_s=percentiles([outcome.first_token_s for outcome in ok if outcome.first_token_s is not None]),
+            codes=dict(codes), rejected=codes.get("RESOURCE_EXHAUSTED", 0),
+            errors=sum(count for code, count in codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")), server=server,
+        )  # fmt: skip
+
+
+async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
+    """Until health says SERVING (through a balancer: some replica does), or fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    stub = health_pb2_grpc.HealthStub(channel)
+    while True:
+        try:
+            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if response.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nmt-loadtest: {timeout_s:g} s without a SERVING health check")
+        await asyncio.sleep(0.5)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-loadtest", description=__doc__)
+    parser.add_argument("--target", default="127.0.0.1:50051", help="server or balancer host:port")
+    parser.add_argument("--concurrency", type=int, default=8, help="closed loop: calls in flight")
+    parser.add_argument("--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second (instead of --concurrency)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds (unless --requests)")
+    parser.add_argument("--requests", type=int, default=0, help="stop after this many calls")
+    parser.add_argument("--texts", type=Path, default=None, help="one text per line, or a TSV whose first column is used "
+                        "(default: data/corpus/test.tsv when present, else a bundled sample)")  # fmt: skip
+    parser.add_argument("--beam", type=int, default=0, help="beam size (default: the server's)")
+    parser.add_argument("--stream", action="store_true", help="TranslateStream; reports time to first token")
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--token", default="", help="bearer token")
+    parser.add_argument("--metrics-url", default="", help="a server's /metrics, for server-side deltas")
+    parser.add_argument("--wait-ready", type=float, default=0.0, help="wait up to this long for a SERVING health check")
+    parser.add_argument("--progress-every", type=float, default=2.0, help="seconds between progress lines")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the report as markdown")
+    return parser
+
+
+def load_texts(path: Path | None) -> list[str]:
+    if path is None:
+        corpus = Path("data/corpus/test.tsv")
+        path = corpus if corpus.is_file() else SAMPLE_TEXTS
+    texts = [line.split("\t", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    texts = [text for text in texts if text]
+    if not texts:
+        raise SystemExit(f"nmt-loadtest: no texts in {path}")
+    return texts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    if args.concurrency < 1 or args.rate < 0 or (args.duration <= 0 and args.requests <= 0):
+        raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate >= 0, and --duration or --requests positive")
+    report = asyncio.run(LoadTest(args, load_texts(args.texts)).run())
+    if args.json:
+        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as out:
+            out.write(report.markdown())
+    sys.stdout.write(report.markdown())
+    return 0 if report.errors == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

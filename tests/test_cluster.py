@@ -1,0 +1,165 @@
+"""The deploy files with local processes: two nmt-serve replicas behind the Debian nginx (deploy/nginx.conf) and
+the Debian prometheus (deploy/prometheus.yml), all on loopback; docker-compose.yml validated by docker-compose."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from tests.test_prometheus import free_port, query, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+PROMETHEUS = shutil.which("prometheus")
+COMPOSE = shutil.which("docker-compose")
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose; .ci/run does)")
+def test_compose_file_is_valid_and_wires_the_stack() -> None:
+    result = subprocess.run([COMPOSE, "config"], cwd=ROOT, capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    services = config["services"]
+    gpu = services["translator-gpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "resources" not in services["translator-cpu"].get("deploy", {})
+    for name in ("translator-gpu", "translator-cpu"):
+        service = services[name]
+        assert service["deploy"]["replicas"] >= 2 and "translator" in service["networks"]["default"]["aliases"]
+        grace = float(service["environment"]["NMT_GRACE_S"])
+        assert int(re.fullmatch(r"(\d+)s", service["stop_grace_period"]).group(1)) > grace  # type: ignore[union-attr]
+        assert service["healthcheck"]["test"][1] == "nmt-health"
+    for balancer, translator in (("balancer-gpu", "translator-gpu"), ("balancer-cpu", "translator-cpu")):
+        assert services[balancer]["depends_on"][translator]["condition"] == "service_healthy"
+    assert services["loadtest"]["profiles"] == ["loadtest"] and "balancer:8080" in services["loadtest"]["command"]
+    assert any("deploy/grafana/provisioning" in str(volume) for volume in services["grafana"]["volumes"])
+
+
+def start_replica(model_dir: Path, work: Path, name: str) -> tuple[subprocess.Popen, int, int]:
+    port_file, metrics_port = work / f"{name}.port", free_port()
+    log = (work / f"{name}.log").open("w")
+    process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+                                "--metrics-port", str(metrics_port), "--threads", "1", "--grace-s", "10"],
+                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    assert wait_for(lambda: port_file.exists() and port_file.read_text(), 60), (work / f"{name}.log").read_text()
+    return process, int(port_file.read_text()), metrics_port
+
+
+def nginx_config(work: Path, grpc_ports: list[int], listen: int, health: int) -> Path:
+    """deploy/nginx.conf with the upstream on loopback replicas and the listen ports free ones."""
+    text = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8")
+    upstream = "\n        ".join(f"server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in grpc_ports)
+    text, replaced = re.subn(r"server translator:50051 [^;]*;", upstream, text)
+    assert replaced == 1
+    text = text.replace("listen 8080 http2;", f"listen 127.0.0.1:{listen} http2;").replace("listen 8081;", f"listen 127.0.0.1:{health};")
+    text = text.replace("/tmp/nginx", str(work / "nginx"))
+    if os.geteuid() == 0:  # workers would switch to "nobody", who cannot write the test's temp dirs
+        text = "user root;\n" + text
+    path = work / "nginx.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
+    if NGINX is None or PROMETHEUS is None:
+        pytest.skip("nginx and prometheus binaries needed (apt-get install nginx prometheus; .ci/run does)")
+    processes: list[subprocess.Popen] = []
+    try:
+        replicas = [start_replica(tiny_model_dir, tmp_path, f"replica{index}") for index in range(2)]
+        processes += [process for process, _, _ in replicas]
+        listen, health = free_port(), free_port()
+        config = nginx_config(tmp_path, [port for _, port, _ in replicas], listen, health)
+        nginx = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp_path), "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                                 stderr=(tmp_path / "nginx.log").open("w"))  # type: ignore[list-item]  # fmt: skip
+        processes.append(nginx)
+        assert wait_for(lambda: _http_ok(f"http://127.0.0.1:{health}/healthz"), 20), (tmp_path / "nginx.log").read_text()
+        prometheus_config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+        prometheus_config["global"]["scrape_interval"] = "1s"
+        for job in prometheus_config["scrape_configs"]:
+            job.pop("dns_sd_configs")
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{metrics}" for _, _, metrics in replicas]}]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config), encoding="utf-8")
+        prometheus_port = free_port()
+        processes.append(subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",  # type: ignore[list-item]
+                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        assert wait_for(lambda: _http_ok(f"http://127.0.0.1:{prometheus_port}/-/ready"), 30)
+        yield {"balancer": f"127.0.0.1:{listen}", "replicas": replicas, "prometheus": prometheus_port, "work": tmp_path}
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, attempts: int = 3) -> list[str]:
+    """Codes of every attempt; UNAVAILABLE (a replica going away) is retried, as a gRPC client's retry policy would."""
+    codes = []
+    for _ in range(attempts):
+        try:
+            stub.Translate(pb.TranslateRequest(texts=[text], options=pb.DecodingOptions(min_output_tokens=40, max_output_tokens=40)), timeout=30)
+            codes.append("OK")
+            return codes
+        except grpc.RpcError as error:
+            codes.append(error.code().name)
+            if error.code() is not grpc.StatusCode.UNAVAILABLE:
+                return codes
+    return codes
+
+
+def test_load_through_nginx_reaches_both_replicas_and_survives_losing_one(cluster: dict) -> None:
+    with grpc.insecure_channel(cluster["balancer"]) as channel:
+        stub = pb_grpc.TranslationServiceStub(channel)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            warm = list(pool.map(lambda i: translate_with_retries(stub, f"Ich sehe den Hund {i}."), range(40)))
+        assert all(codes == ["OK"] for codes in warm), warm
+
+        # Both replicas served: per-replica nmt_requests_total, as Prometheus scraped it.
+        def per_instance() -> dict[str, float] | None:
+            found = {item["metric"]["instance"]: float(item["value"][1])
+                     for item in query(cluster["prometheus"], 'sum by (instance) (nmt_requests_total{method="Translate",code="OK"})')}  # fmt: skip
+            return found if len(found) == 2 and sum(found.values()) == 40 else None
+
+        counts = wait_for(per_instance, 30)
+        assert counts and all(value > 0 for value in counts.values()), query(cluster["prometheus"], "nmt_requests_total")
+
+        # Stop one replica (SIGTERM: it drains) while 120 calls run through the balancer.
+        victim = cluster["replicas"][0][0]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(translate_with_retries, stub, f"Wir mag Kaffee {i}.") for i in range(120)]
+            time.sleep(0.3)
+            victim.send_signal(signal.SIGTERM)
+            results = [future.result() for future in futures]
+    assert victim.wait(30) == 0
+    failed_first = [(index, codes) for index, codes in enumerate(results) if codes[0] != "OK"]
+    # Report exactly which calls needed a retry and why; every call ends OK, and only UNAVAILABLE was ever seen.
+    print(f"calls retried after the replica stopped: {failed_first}")
+    assert all(codes[-1] == "OK" for codes in results), failed_first
+    assert {code for codes in results for code in codes} <= {"OK", "UNAVAILABLE"}
