@@ -1,0 +1,57 @@
+"""nmt-loadtest and nmt-health against a real server on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.health import main as health_main
+from client.loadtest import SAMPLE_TEXTS, load_texts
+from client.loadtest import main as loadtest_main
+from tests.serving import RunningServer, server_settings
+from tests.test_prometheus import free_port
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=4)) as server:
+        yield server
+
+
+def test_closed_loop_counts_every_call_and_reads_server_deltas(target: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    code = loadtest_main(["--target", target.target, "--concurrency", "3", "--requests", "30", "--json", str(out), "--texts", str(SAMPLE_TEXTS),
+                          "--metrics-url", f"http://127.0.0.1:{target.server.metrics_port}/metrics", "--wait-ready", "10"])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert code == 0 and report["requests"] == 30 and report["codes"] == {"OK": 30}
+    assert report["latency_s"]["p50"] <= report["latency_s"]["p99"] <= report["latency_s"]["max"]
+    assert report["server"]["nmt_batch_rows"] >= 1 and "nmt_queue_wait_seconds" in report["server"]
+
+
+def test_open_loop_overload_counts_rejections_apart_from_errors(target: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    # 400 calls in about 0.1 s against a queue of 4: most are refused, none is an error.
+    code = loadtest_main(["--target", target.target, "--rate", "4000", "--requests", "400", "--json", str(out), "--texts", str(SAMPLE_TEXTS)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors"] == 0 and report["rejected"] > 0
+    assert report["codes"]["OK"] + report["rejected"] == 400
+
+
+def test_streaming_reports_time_to_first_token(target: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "report.md"
+    assert loadtest_main(["--target", target.target, "--stream", "--requests", "10", "--markdown", str(out), "--texts", str(SAMPLE_TEXTS)]) == 0
+    assert "Time to first token" in out.read_text() and "| 10 |" in out.read_text()
+
+
+def test_texts_from_a_tsv_use_its_first_column(tmp_path: Path) -> None:
+    tsv = tmp_path / "test.tsv"
+    tsv.write_text("Hund\tdog\n\nKatze\tcat\n", encoding="utf-8")
+    assert load_texts(tsv) == ["Hund", "Katze"]
+
+
+def test_health_command(target: RunningServer) -> None:
+    assert health_main(["--target", target.target]) == 0
+    assert health_main(["--target", f"127.0.0.1:{free_port()}", "--timeout", "1"]) == 1
