@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,14 @@ from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+# UNAVAILABLE means not admitted (a draining or restarting server, a balancer without a replica):
+# safe to retry. gRPC's built-in retries, with exponential backoff 0.1 s .. 1 s.
+RETRY_POLICY = json.dumps({"methodConfig": [{
+    "name": [{"service": "nmt.translation.v1.TranslationService"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]},
+}]})  # fmt: skip
+CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_POLICY)]
 
 
 @dataclass(frozen=True)
@@ -34,9 +43,10 @@ class TranslationClient:
 
     def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None) -> None:
         if root_certificate is not None:
-            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(Path(root_certificate).read_bytes()))
+            credentials = grpc.ssl_channel_credentials(Path(root_certificate).read_bytes())
+            self.channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
         else:
-            self.channel = grpc.insecure_channel(target)
+            self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.TranslationServiceStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 

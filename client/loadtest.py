@@ -39,6 +39,7 @@ class Outcome:
     latency_s: float
     first_token_s: float | None
     tokens: int
+    started_at: float  # time.perf_counter() when the call was sent
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Report:
     codes: dict[str, int]
     rejected: int  # RESOURCE_EXHAUSTED: refused by admission control, not an error
     errors: int  # anything else but OK
+    rejection_latency_s: dict[str, float] = field(default_factory=dict)  # how fast RESOURCE_EXHAUSTED came back
     server: dict[str, float] = field(default_factory=dict)  # mean of each server histogram over the run
 
     def markdown(self) -> str:
@@ -126,7 +128,7 @@ class LoadTest:
             code = "OK"
         except grpc.aio.AioRpcError as error:
             code = error.code().name
-        self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens))
+        self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens, started))
 
     def finished(self, started: float, issued: int) -> bool:
         if self.args.requests:
@@ -141,6 +143,8 @@ class LoadTest:
             while not self.finished(started, issued):
                 issued += 1
                 await self.one(stub)
+                if self.outcomes[-1].code == "UNAVAILABLE":
+                    await asyncio.sleep(0.05)  # back off like a real client while a server is away
 
         await asyncio.gather(*(worker() for _ in range(self.args.concurrency)))
 
@@ -192,6 +196,7 @@ class LoadTest:
             first_token_s=percentiles([outcome.first_token_s for outcome in ok if outcome.first_token_s is not None]),
             codes=dict(codes), rejected=codes.get("RESOURCE_EXHAUSTED", 0),
             errors=sum(count for code, count in codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")), server=server,
+            rejection_latency_s=percentiles([outcome.latency_s for outcome in self.outcomes if outcome.code == "RESOURCE_EXHAUSTED"]),
         )  # fmt: skip
 
 

@@ -109,7 +109,13 @@ class Server:
         self.serving.clear()
         self.scheduler.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        await server.stop(self.settings.grace_s)
+        # Keep the port open while admitted requests finish: calls arriving meanwhile get our UNAVAILABLE
+        # ("shutting down", retryable) instead of grpcio cancelling them mid-shutdown.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.grace_s
+        while self.scheduler.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

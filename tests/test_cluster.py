@@ -119,10 +119,13 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, attempts: int = 3) -> list[str]:
-    """Codes of every attempt; UNAVAILABLE (a replica going away) is retried, as a gRPC client's retry policy would."""
+def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, attempts: int = 5) -> list[str]:
+    """Codes of every attempt; UNAVAILABLE (a replica draining or gone) is retried with exponential backoff from 0.1 s,
+    as client/client.py's retry policy does."""
     codes = []
-    for _ in range(attempts):
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.1 * 2 ** (attempt - 1))
         try:
             stub.Translate(pb.TranslateRequest(texts=[text], options=pb.DecodingOptions(min_output_tokens=40, max_output_tokens=40)), timeout=30)
             codes.append("OK")
