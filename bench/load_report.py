@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--point-seconds", type=float, default=20.0)
     parser.add_argument("--overload-seconds", type=float, default=180.0)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
+    parser.add_argument("--sigterm-after", type=float, default=5.0, help="seconds of load before SIGTERM")
     parser.add_argument("--threads", type=int, default=2, help="server ONNX Runtime threads")
     parser.add_argument("--texts", type=Path, default=None, help="as nmt-loadtest --texts")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load.md")
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         table, capacity = curve(model_dirs, concurrencies, args.point_seconds, args.threads, args.texts, work)
         sections = [table, overload(model_dirs["int8"], capacity, args.overload_seconds, args.threads, args.texts, work),
-                    sigterm_under_load(model_dirs["int8"], args.threads, args.texts, work),
+                    sigterm_under_load(model_dirs["int8"], args.threads, args.texts, work, after_s=args.sigterm_after),
                     soak(model_dirs["int8"], args.soak_seconds, args.threads, args.texts, work)]  # fmt: skip
     command = "python -m bench.load_report " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = f"# Load and reliability figures\n\nProduced by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"

@@ -64,3 +64,22 @@ def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["decoder run"] > 0 and shares["encoder run"] > 0
     assert "| nmt-serve fp32 |" in format_profiles("tiny", [system])
+
+
+def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from bench.load_report import main as load_report_main
+    from client.loadtest import SAMPLE_TEXTS
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for precision in ("fp32", "int8"):  # the tiny model has one dir; it stands in for both
+        (model / f"onnx-{precision}").symlink_to(tiny_model_dir)
+    out = tmp_path / "load.md"
+    assert load_report_main(["--model", str(model), "--concurrency", "1,2", "--point-seconds", "0.5", "--overload-seconds", "0.5",
+                             "--soak-seconds", "0.5", "--sigterm-after", "0.5", "--threads", "1", "--texts", str(SAMPLE_TEXTS),
+                             "--out", str(out)]) == 0  # fmt: skip
+    report = out.read_text()
+    for title in ("Throughput and latency over concurrency", "Overload", "SIGTERM under load", "Soak"):
+        assert title in report
+    sigterm_row = report.split("SIGTERM under load")[1].splitlines()[4].split("|")
+    assert sigterm_row[4].strip() == "0" and sigterm_row[7].strip() == "0"  # nothing lost, exit code 0
