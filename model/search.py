@@ -220,7 +220,8 @@ class Searcher:
         for row, tokens in enumerate(self.rows):
             for process in self.processors:
                 process(totals[row], tokens)
-        return totals + self.row_scores[:, None]
+        totals += self.row_scores[:, None]
+        return totals
 
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
         raise NotImplementedError
@@ -288,34 +289,38 @@ class BeamSearch(Searcher):
 
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
         beam_size, num_rows = self.options.beam_size, len(self.rows)
-        candidates = self._processed(log_probs).T.ravel()  # token-major: index = token * k + row
+        totals = self._processed(log_probs)
+        rows, tokens = top_candidates(totals, 2 * beam_size)
         choices: list[tuple[int, int, float]] = []
         num_eos = num_live = 0
-        for rank, index in enumerate(top_stable(candidates, 2 * beam_size)):
-            token, row = divmod(int(index), num_rows)
+        for rank, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist(), strict=True)):
             if token == self.eos_id:
                 if rank < beam_size and len(self.finished) + num_eos < beam_size:
-                    choices.append((row, token, float(candidates[index])))
+                    choices.append((row, token, float(totals[row, token])))
                     num_eos += 1
             elif num_live < beam_size:
-                choices.append((row, token, float(candidates[index])))
+                choices.append((row, token, float(totals[row, token])))
                 num_live += 1
         return choices
 
 
-def top_stable(values: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the `count` largest values, best first, ties to the lower index.
+def top_candidates(totals: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, tokens) of the `count` best entries of a (k, V) score array, best first; ties go to the lower token id, then the lower row.
 
-    argpartition keeps the per-step cost linear in V; every value equal to the cut-off is kept
-    before the stable sort so that ties at the boundary still resolve by index.
+    It reads the row-major array as is (no transposed copy); a partition keeps the cost linear in
+    k * V, and every value equal to the cut-off is kept before the final sort, so that ties at
+    the boundary still resolve by (token, row).
     """
-    count = min(count, values.size)
-    if count < values.size:
-        cutoff = np.partition(values, values.size - count)[values.size - count]
-        candidates = np.flatnonzero(values >= cutoff)
+    flat = totals.ravel()
+    count = min(count, flat.size)
+    if count < flat.size:
+        cutoff = np.partition(flat, flat.size - count)[flat.size - count]
+        candidates = np.flatnonzero(flat >= cutoff)
     else:
-        candidates = np.arange(values.size)
-    return candidates[np.argsort(-values[candidates], kind="stable")][:count]
+        candidates = np.arange(flat.size)
+    rows, tokens = np.divmod(candidates, totals.shape[1])
+    order = np.lexsort((rows, tokens, -flat[candidates]))[:count]  # last key first: score, then token, then row
+    return rows[order], tokens[order]
 
 
 def make_searcher(options: SearchOptions, src_len: int, bos_id: int, eos_id: int, max_positions: int) -> Searcher:

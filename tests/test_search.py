@@ -19,7 +19,7 @@ from model.search import (
     generate,
     make_searcher,
     run_search,
-    top_stable,
+    top_candidates,
 )
 
 BOS, EOS = 0, 1
@@ -248,10 +248,13 @@ def test_beam_tie_goes_to_lower_token_then_lower_parent_row() -> None:
                               Hypothesis((3, 4), expected_score, FinishReason.EOS)]
 
 
-def test_top_stable_keeps_ties_at_the_cutoff_in_index_order() -> None:
-    values = np.array([0.0, -1.0, -1.0, 0.5, -1.0, -2.0])
-    assert top_stable(values, 3).tolist() == [3, 0, 1]
-    assert top_stable(values, 10).tolist() == [3, 0, 1, 2, 4, 5]
+def test_top_candidates_keeps_ties_at_the_cutoff_in_token_then_row_order() -> None:
+    totals = np.array([[0.5, 0.9, 0.5], [0.5, -np.inf, 0.9]])  # k=2 rows, V=3 tokens
+    rows, tokens = top_candidates(totals, 3)
+    assert list(zip(rows.tolist(), tokens.tolist())) == [(0, 1), (1, 2), (0, 0)]  # 0.9 (token 1) before 0.9 (token 2); 0.5s by token, then row
+    rows, tokens = top_candidates(totals, 10)
+    assert list(zip(rows.tolist(), tokens.tolist())) == [(0, 1), (1, 2), (0, 0), (1, 0), (0, 2), (1, 1)]
+
 
 
 BEAM_ONE_OPTIONS = [
@@ -371,3 +374,15 @@ def test_advance_greedy_refuses_searchers_it_cannot_batch() -> None:
     penalised = make_searcher(SearchOptions(repetition_penalty=1.5), 5, BOS, EOS, 64)
     with pytest.raises(ValueError, match="batchable"):
         advance_greedy([penalised], np.zeros((1, 16), dtype=np.float32))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_top_candidates_equals_a_full_sort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    k, vocab = int(rng.integers(1, 6)), int(rng.integers(2, 40))
+    totals = np.round(rng.normal(size=(k, vocab)), 1)  # coarse values: many ties, also at the cut-off
+    totals[rng.random((k, vocab)) < 0.1] = -np.inf
+    count = int(rng.integers(1, 2 * k * vocab))
+    expected = sorted(((row, token) for row in range(k) for token in range(vocab)), key=lambda rt: (-totals[rt], rt[1], rt[0]))[:count]
+    rows, tokens = top_candidates(totals, count)
+    assert list(zip(rows.tolist(), tokens.tolist(), strict=True)) == expected
