@@ -4,19 +4,24 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
-FROM ${PYTHON_IMAGE} AS cpu
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /opt/nmt
+# The sources and the shipped model dirs (the training checkpoint stays out of the images).
+FROM scratch AS source
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY model/ model/
 COPY export/ export/
 COPY server/ server/
 COPY client/ client/
 COPY protos/ protos/
-RUN pip install '.[serve-cpu]'
-# The shipped model dirs only (the training checkpoint stays out of the image).
 COPY artifacts/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
 COPY artifacts/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+
+FROM ${PYTHON_IMAGE} AS cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /opt/nmt
+COPY --from=source /src/ ./
+RUN pip install '.[serve-cpu]'
+COPY --from=source /models/ /models/
 RUN useradd --system --uid 10001 --no-create-home nmt
 USER nmt
 ENV NMT_MODEL_DIR=/models/de-en-small/onnx-int8 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
@@ -31,15 +36,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/nmt
-COPY pyproject.toml README.md ./
-COPY model/ model/
-COPY export/ export/
-COPY server/ server/
-COPY client/ client/
-COPY protos/ protos/
+COPY --from=source /src/ ./
 RUN pip install '.[serve]'
-COPY artifacts/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
-COPY artifacts/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+COPY --from=source /models/ /models/
 RUN useradd --system --uid 10001 --no-create-home nmt
 USER nmt
 # fp32 on the GPU (int8 dynamic quantization is a CPU format).

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -15,6 +13,7 @@ from pathlib import Path
 
 from bench.open_loop import run_open_loop
 from bench.random_model import build_random_checkpoint
+from bench.report import write_report
 from bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
 from model.checkpoint import load_checkpoint
 from model.corpus import read_tsv
@@ -150,11 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sections.append(run_open_loop(engine_system.runtime, sources, args.open_loop_seconds))
             if model == "default" and args.metrics_cost_repeats > 0:
                 sections.append(metrics_cost(model_dirs["int8"], sources, args.threads, args.metrics_cost_repeats, args.length))
-    command = "nmt-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    report = f"# Engine benchmark\n\nProduced by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report, encoding="utf-8")
-    sys.stdout.write(report)
+    write_report("Engine benchmark", "nmt-bench", argv, sections, args.out)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.report import write_report
 from client.loadtest import LoadTest, Report, load_texts
 from client.loadtest import build_parser as loadtest_parser
 
@@ -179,11 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sections = [table, overload(model_dirs["int8"], capacity, args.overload_seconds, args.threads, args.texts, work),
                     sigterm_under_load(model_dirs["int8"], args.threads, args.texts, work, after_s=args.sigterm_after),
                     soak(model_dirs["int8"], args.soak_seconds, args.threads, args.texts, work)]  # fmt: skip
-    command = "python -m bench.load_report " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    report = f"# Load and reliability figures\n\nProduced by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report, encoding="utf-8")
-    sys.stdout.write(report)
+    write_report("Load and reliability figures", "nmt-load-report", argv, sections, args.out)
     return 0
 
 

@@ -288,7 +288,7 @@ class BeamSearch(Searcher):
     """K rows; 2K candidates per step so finished hypotheses do not starve the beam."""
 
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
-        beam_size, num_rows = self.options.beam_size, len(self.rows)
+        beam_size = self.options.beam_size
         totals = self._processed(log_probs)
         rows, tokens = top_candidates(totals, 2 * beam_size)
         choices: list[tuple[int, int, float]] = []

@@ -14,10 +14,10 @@ from google.protobuf.message import DecodeError
 
 from model.search import FinishReason, Hypothesis
 from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.metrics import Metrics
 from server.requests import InvalidRequest, Limits, RequestReader, Task
 from server.runtime import Runtime
 from server.scheduler import Scheduler
-from server.metrics import Metrics
 from server.settings import ServerSettings
 from server.status import NotReady, status_for
 

@@ -166,3 +166,19 @@ def test_load_through_nginx_reaches_both_replicas_and_survives_losing_one(cluste
     print(f"calls retried after the replica stopped: {failed_first}")
     assert all(codes[-1] == "OK" for codes in results), failed_first
     assert {code for codes in results for code in codes} <= {"OK", "UNAVAILABLE"}
+
+
+def test_dockerfile_builds_cpu_and_gpu_targets_torch_free_and_non_root() -> None:
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    stages = re.findall(r"^FROM \S+ AS (\w+)$", text, flags=re.MULTILINE)
+    assert {"cpu", "gpu"} <= set(stages)
+    for stage in ("cpu", "gpu"):
+        body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
+        installs = re.findall(r"pip install '\.\[([\w-]+)\]'", body)
+        assert installs and all(extra.startswith("serve") for extra in installs), installs  # the torch-free extras
+        assert re.search(r"^USER (?!root)\w+", body, flags=re.MULTILINE), f"{stage} runs as root"
+        assert 'HEALTHCHECK' in body and '"nmt-health"' in body
+    assert not re.search(r"\b(curl|wget)\b", text), "the image must not download binaries"
+    # Every file the image copies exists in the repository.
+    for source in re.findall(r"^COPY (?!--from)(\S+)", text, flags=re.MULTILINE):
+        assert (ROOT / source).exists(), source

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from model.batching import make_batch, plan_batches
 from model.checkpoint import load_checkpoint
 from model.evaluate import main as eval_main
-from model.train import learning_rate, TrainSettings
+from model.train import TrainSettings, learning_rate
 from model.train import main as train_main
 
 
