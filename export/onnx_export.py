@@ -145,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     info: dict[str, Any] = load_checkpoint(args.checkpoint).train_info
     name = args.name or args.checkpoint.resolve().name
-    version = args.version or f"step-{info.get('steps', 0)}"
+    # The weights are the best validation step's, not the run's last step.
+    version = args.version or f"step-{info.get('best', {}).get('step', info.get('steps', 0))}"
     export_model_dir(args.checkpoint, args.out, args.precision, name, version, args.opset)
     if not args.no_parity:
         run_parity(args.out, args.checkpoint, args.parity_test, args.parity_limit)
