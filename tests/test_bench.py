@@ -31,7 +31,6 @@ def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous:
     run = drive(runtime, arrivals, continuous)
     assert run.served == len(arrivals) > 3
     assert run.tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
-    assert 0 < run.p50_s <= run.p99_s
 
 
 def test_open_loop_table_compares_both_modes_at_each_load(tiny_model_dir: Path) -> None:
