@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -89,12 +90,12 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
 def scrape_sums(url: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of each server histogram in SERVER_SERIES, summed over label sets."""
     text = urllib.request.urlopen(url, timeout=5).read().decode()
-    totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in SERVER_SERIES}
-    for line in text.splitlines():
-        for name in SERVER_SERIES:
-            for index, suffix in enumerate(("_sum", "_count")):
-                if line.startswith(name + suffix + " ") or line.startswith(name + suffix + "{"):
-                    totals[name][index] += float(line.rsplit(" ", 1)[1])
+    totals = {name: [0.0, 0.0] for name in SERVER_SERIES}
+    for family in text_string_to_metric_families(text):
+        if family.name in totals:
+            for sample in family.samples:
+                if sample.name in (family.name + "_sum", family.name + "_count"):
+                    totals[family.name][sample.name.endswith("_count")] += sample.value
     return {name: (values[0], values[1]) for name, values in totals.items()}
 
 

@@ -282,7 +282,7 @@ class Engine:
     def _advance(self, log_probs: np.ndarray) -> None:
         # Row counts first: _advance_greedy already moves greedy searchers on (a finished one has no rows left).
         row_counts = [len(job.searcher.next_tokens) for job in self.active]  # type: ignore[union-attr]
-        greedy = self._advance_greedy(log_probs)
+        greedy = self._advance_greedy(log_probs, row_counts)
         still_active = []
         offset = 0
         for job, rows in zip(self.active, row_counts, strict=True):
@@ -305,15 +305,14 @@ class Engine:
             self._reset_cache()
             self._reset_pool()
 
-    def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
+    def _advance_greedy(self, log_probs: np.ndarray, row_counts: list[int]) -> dict[int, np.ndarray | None]:
         """Plain greedy requests advance together: one argmax for all their rows instead of one call each."""
-        jobs, rows, offset = [], [], 0
-        for job in self.active:
-            searcher = job.searcher
-            if isinstance(searcher, GreedySearch) and searcher.batchable:
+        jobs, rows = [], []
+        offsets = np.cumsum([0, *row_counts[:-1]]).tolist()
+        for job, offset in zip(self.active, offsets, strict=True):
+            if isinstance(job.searcher, GreedySearch) and job.searcher.batchable:
                 jobs.append(job)
                 rows.append(offset)
-            offset += len(job.searcher.next_tokens)  # type: ignore[union-attr]
         if len(jobs) < 2:  # one request gains nothing from the batched path
             return {}
         results = advance_greedy([job.searcher for job in jobs], log_probs[rows])  # type: ignore[misc]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import socket
 import threading
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -65,3 +70,25 @@ class RunningServer:
     def stub(self) -> tuple[grpc.Channel, pb_grpc.TranslationServiceStub]:
         channel = grpc.insecure_channel(self.target)
         return channel, pb_grpc.TranslationServiceStub(channel)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(check, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)

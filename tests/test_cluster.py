@@ -21,7 +21,7 @@ import yaml
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from tests.test_prometheus import free_port, query, wait_for
+from tests.serving import free_port, query, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)

@@ -11,8 +11,7 @@ import pytest
 from client.health import main as health_main
 from client.loadtest import SAMPLE_TEXTS, load_texts
 from client.loadtest import main as loadtest_main
-from tests.serving import RunningServer, server_settings
-from tests.test_prometheus import free_port
+from tests.serving import RunningServer, free_port, server_settings
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import socket
 import subprocess
-import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,34 +13,12 @@ import pytest
 import yaml
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
-from tests.serving import RunningServer, server_settings
+from tests.serving import RunningServer, free_port, query, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus binary not installed (apt-get install prometheus; .ci/run does)")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def query(port: int, promql: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    body = json.loads(urllib.request.urlopen(url, timeout=5).read())
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
-def wait_for(check, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.5)
 
 
 @pytest.fixture()
