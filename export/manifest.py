@@ -18,7 +18,8 @@ from model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# 2: the decoder step keeps a per-row cache updated in place (export/decoder_graph.py); 1 had past_mask/cache_index.
+FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 # One closed tuple: nmt-export's --precision choices and manifest validation both read it.

@@ -16,17 +16,8 @@ import onnx
 import onnxruntime
 import torch
 
-from export.graphs import (
-    DECODER_INPUTS,
-    ENCODER_INPUTS,
-    DecoderStepGraph,
-    EncoderGraph,
-    encoder_output_names,
-    example_decoder_inputs,
-    example_encoder_inputs,
-    past_names,
-    present_names,
-)
+from export.decoder_graph import build_decoder_graph
+from export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from export.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
 from export.optimize import convert_precision
 from model.checkpoint import TOKENIZER_FILE, load_checkpoint
@@ -51,18 +42,8 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
 
 
 def export_decoder(model: Transformer, path: Path, opset: int) -> None:
-    n_layers = model.config.n_decoder_layers
-    rows = {0: "rows"}
-    caches = tuple({0: "cache_rows", 2: "past_len"} for _ in range(2 * n_layers)) + tuple({0: "sources", 2: "src_len"} for _ in range(2 * n_layers))
-    dynamic_shapes = {
-        "tgt_ids": rows, "positions": rows, "cache_index": rows, "past_mask": {0: "rows", 1: "past_len"},
-        "source_index": rows, "src_mask": {0: "sources", 1: "src_len"}, "caches": caches,
-    }  # fmt: skip
-    torch.onnx.export(
-        DecoderStepGraph(model), example_decoder_inputs(model), str(path), dynamo=True, opset_version=opset,
-        input_names=DECODER_INPUTS + past_names(n_layers) + encoder_output_names(n_layers),
-        output_names=["log_probs", *present_names(n_layers)], dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
-    )  # fmt: skip
+    """Written node by node with fused attention ops (export/decoder_graph.py says why), not traced."""
+    onnx.save(build_decoder_graph(model, opset), str(path))
 
 
 def tensor_specs(values: Sequence[onnx.ValueInfoProto]) -> tuple[TensorSpec, ...]:

@@ -40,7 +40,9 @@ def convert_to_int8(source: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm", "Gather"])
+        # Shape inference knows nothing of the contrib attention ops' outputs: they are float.
+        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
 
 
 def convert_precision(source: Path, target: Path, precision: str) -> None:

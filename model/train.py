@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 LAST_DIR = "last"  # resume state: weights, optimizer, RNG and data position (not shipped)
 TRAINER_STATE_FILE = "trainer_state.pt"
+SNAPSHOTS_DIR = "snapshots"
 
 
 @dataclass
@@ -47,6 +49,8 @@ class TrainSettings:
     max_len: int = 100  # pairs with a longer side (in tokens) are skipped
     seed: int = 1234
     bf16: bool = True
+    rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
+    keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
 
 
 @dataclass
@@ -61,6 +65,14 @@ class Progress:
     best_bleu: float = -1.0
     loss_curve: list[list[float]] = field(default_factory=list)  # [step, mean train loss]
     validations: list[dict[str, float]] = field(default_factory=list)
+    restart_step: int = -1  # step of the last restart without optimizer state; -1 = none
+
+
+def restart_scale(progress: Progress, settings: TrainSettings) -> float:
+    """A fresh Adam takes near-sign-sized steps at first; ramping the LR back up keeps it from undoing training."""
+    if progress.restart_step < 0 or settings.rewarmup_steps <= 0:
+        return 1.0
+    return min(1.0, (progress.step + 1 - progress.restart_step) / settings.rewarmup_steps)
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
@@ -142,6 +154,36 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         logger.info("resumed at step %d (epoch %d, batch %d)", self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
+    def restart_from_best(self, record: dict[str, Any]) -> None:
+        """Continue from the shipped best weights when last/ is gone (a fresh machine): not exact.
+
+        The optimizer starts empty (the LR ramps up again over `rewarmup_steps`), and the data
+        order continues at the start of the epoch after the recorded one.
+        """
+        self.model.load_state_dict({name: tensor.float() for name, tensor in load_file(str(self.out / WEIGHTS_FILE)).items()})
+        best = record.get("best", {})
+        step = int(best.get("step", record.get("steps", 0)))
+        self.progress = Progress(
+            step=step,
+            epoch=int(record.get("epochs", 0)) + 1,
+            tgt_tokens=int(record.get("target_tokens", 0)),
+            train_seconds=float(record.get("train_minutes", 0.0)) * 60,
+            best_bleu=float(best.get("bleu", -1.0)),
+            loss_curve=[point for point in record.get("loss_curve", []) if point[0] <= step],
+            validations=[result for result in record.get("validations", []) if result["step"] <= step],
+            restart_step=step,
+        )
+        logger.warning("no %s/ resume state: restarting from the best weights at step %d with a fresh optimizer", LAST_DIR, step)
+
+    def save_snapshot(self) -> None:
+        """Weights of this validation for checkpoint averaging; only the newest `keep_snapshots` stay."""
+        snapshots = self.out / SNAPSHOTS_DIR
+        directory = snapshots / f"step-{self.progress.step:07d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        save_weights(self.model, directory, half=True)
+        for old in sorted(snapshots.glob("step-*"))[: -self.settings.keep_snapshots]:
+            shutil.rmtree(old)
+
     def validate(self) -> dict[str, float]:
         self.model.eval()
         total_loss, total_tokens = 0.0, 0
@@ -200,7 +242,7 @@ class Trainer:
 
     def train_step(self, batch: Batch) -> float:
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.progress.step + 1, self.settings)
+            group["lr"] = learning_rate(self.progress.step + 1, self.settings) * restart_scale(self.progress, self.settings)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
             loss = batch_loss(self.model, batch, self.settings.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
@@ -220,6 +262,8 @@ class Trainer:
             save_weights(self.model, self.out, half=True)
             record["best"] = result
         self.save_last()
+        if self.settings.keep_snapshots > 0:
+            self.save_snapshot()
         seconds = max(progress.train_seconds, 1e-9)
         record.update(
             steps=progress.step,
@@ -240,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--valid", type=Path, required=True, help="TSV of validation pairs")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint dir (best weights; last/ holds resume state)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly, or without it from the best weights in OUT")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     for item in dataclasses.fields(TrainSettings):
         flag = "--" + item.name.replace("_", "-")
@@ -264,12 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_pairs, valid_pairs = read_tsv(args.train), read_tsv(args.valid)
     tokenizer = load_or_train_tokenizer(args.out, train_pairs, PRESETS[args.preset].vocab_size)
     config = dataclasses.replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size)
+    exact = (args.out / LAST_DIR / TRAINER_STATE_FILE).is_file()
     if args.resume:
-        config = ModelConfig.load(args.out / LAST_DIR / "config.json")
+        config = ModelConfig.load(args.out / (LAST_DIR if exact else "") / "config.json")
     trainer = Trainer(Transformer(config), tokenizer, train_pairs, valid_pairs, args.out, settings)
     record = load_train_info(args.out) if args.resume else {}
-    if args.resume:
+    if args.resume and exact:
         trainer.load_last()
+    elif args.resume:
+        trainer.restart_from_best(record)
     record.update(
         preset=args.preset,
         config=config.to_dict(),

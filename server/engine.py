@@ -1,10 +1,11 @@
 """Engine: iteration-level (continuous) batching; each decoder call runs every live row of every active request.
 
 A request is a per-request searcher from model/search.py plus its rows (a beam of K is K rows).
-Between steps, new requests are encoded and join (their rows start at position 0 with an empty
-past), and finished, cancelled and expired requests leave: the next call's `cache_index` simply
-no longer points at their rows, so nothing is copied to drop them. Each request's tokens are the
-ones it gets alone; only the batch it shares a step with changes.
+Between steps, new requests are encoded and join (their rows start at position 0), and finished,
+cancelled and expired requests leave. The rows and their caches live in a StepCache
+(export/step_cache.py): each row has its own cache that the decoder extends in place, so rows at
+different positions share a call without padding, and only rows that changed place are copied.
+Each request's tokens are the ones it gets alone; only the batch it shares a step with changes.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class Engine:
         self.active: list[Job] = []
         self.profile = StepProfile()
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
-        self._reset_cache()
+        self._cache = runtime.new_step_cache()
         self._reset_pool()
 
     # ------------------------------------------------------------ interface for other threads
@@ -165,9 +166,9 @@ class Engine:
             self._reset_cache()
             self._reset_pool()
             return
-        source_index, cache_index, tgt_ids, is_new = self._row_inputs(joined)
+        slots, keys, parents, tgt_ids = self._row_inputs(joined)
         try:
-            log_probs = self._run_decoder(source_index, cache_index, tgt_ids, is_new)
+            log_probs = self._run_decoder(slots, keys, parents, tgt_ids)
         except Exception as error:  # a failed run fails the requests in it, not the engine
             logger.exception("decoder step failed for %d requests", len(self.active))
             if self.observer is not None:
@@ -235,49 +236,30 @@ class Engine:
         return {job.job_id for job in admitted}
 
     def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per-row source slot, past row (-1 = new), fed token; in the order of `self.active`."""
-        sources, parents, tokens = [], [], []
+        """Per row, in the order of `self.active`: source pool slot, source key (the job id), row continued (-1 = new), token fed."""
+        slots, keys, parents, tokens = [], [], [], []
         for job in self.active:
             searcher = job.searcher
             assert searcher is not None
+            rows = len(searcher.next_tokens)
             if job.job_id in joined:
-                local = np.full(len(searcher.next_tokens), -1, dtype=np.int64)
+                local = np.full(rows, -1, dtype=np.int64)
             else:
                 local = job.local_parents + job.previous_offset
-            sources.append(np.full(len(local), job.slot, dtype=np.int64))
+            slots.append(np.full(rows, job.slot, dtype=np.int64))
+            keys.append(np.full(rows, job.job_id, dtype=np.int64))
             parents.append(local)
             tokens.append(searcher.next_tokens)
-        cache_index = np.concatenate(parents)
-        return np.concatenate(sources), cache_index, np.concatenate(tokens).astype(np.int64), cache_index < 0
+        return np.concatenate(slots), np.concatenate(keys), np.concatenate(parents), np.concatenate(tokens).astype(np.int64)
 
-    def _run_decoder(self, source_index: np.ndarray, cache_index: np.ndarray, tgt_ids: np.ndarray, is_new: np.ndarray) -> np.ndarray:
-        gather = np.maximum(cache_index, 0)
-        if self._positions.size == 0:
-            past, past_mask = self.runtime.empty_past(), np.zeros((len(cache_index), 0), dtype=bool)
-            positions, gather = np.zeros(len(cache_index), dtype=np.int64), np.zeros_like(gather)
-        else:
-            past = self._past
-            past_mask = self._past_mask[gather] & ~is_new[:, None]
-            positions = np.where(is_new, 0, self._positions[gather])
-            past, past_mask = self._trim(past, past_mask)
-        self._last_rows = len(cache_index)
-        self._last_padding = 1.0 - float(past_mask.mean()) if past_mask.size else 0.0
+    def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+        self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask)
+        self._last_rows = len(parents)
+        self._last_padding = self._cache.padding_ratio()
         decoding = time.perf_counter()
-        log_probs, present = self.runtime.decode(tgt_ids, positions, gather, past_mask, source_index, self._src_mask, past, self._cross)
+        log_probs = self._cache.run()
         self.profile.decode_s += time.perf_counter() - decoding
-        self._past = present
-        self._past_mask = np.concatenate([past_mask, np.ones((len(cache_index), 1), dtype=bool)], axis=1)
-        self._positions = positions + 1
         return log_probs
-
-    def _trim(self, past: list[np.ndarray], past_mask: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Drop leading past slots no row uses any more (left by requests that finished)."""
-        used = past_mask.any(axis=0)
-        first = int(np.argmax(used)) if used.any() else past_mask.shape[1]
-        # Trimming copies the cache once; worth it only when it saves a good share of every later step.
-        if first < 8 or first * 4 < past_mask.shape[1]:
-            return past, past_mask
-        return [np.ascontiguousarray(layer[:, :, first:]) for layer in past], past_mask[:, first:]
 
     def _advance(self, log_probs: np.ndarray) -> None:
         # Row counts first: _advance_greedy already moves greedy searchers on (a finished one has no rows left).
@@ -335,9 +317,7 @@ class Engine:
     # ------------------------------------------------------------ caches
 
     def _reset_cache(self) -> None:
-        self._past: list[np.ndarray] = []
-        self._past_mask = np.zeros((0, 0), dtype=bool)
-        self._positions = np.zeros(0, dtype=np.int64)
+        self._cache.reset()
 
     def _reset_pool(self) -> None:
         """Cross K/V of active sources, one slot per request; freed slots are reused."""

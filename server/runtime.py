@@ -11,6 +11,7 @@ import numpy as np
 
 from export.manifest import Manifest, load_model_dir
 from export.ort_step import available_providers, make_session
+from export.step_cache import StepCache
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer
 
@@ -47,34 +48,11 @@ class Runtime:
         """(N, S) ids and mask -> cross K/V per layer, flat [key_0, value_0, key_1, ...], each (N, H, S, Dh)."""
         return self.encoder.run(self.cross_names, {"src_ids": src_ids, "src_mask": src_mask})
 
-    def decode(
-        self,
-        tgt_ids: np.ndarray,
-        positions: np.ndarray,
-        cache_index: np.ndarray,
-        past_mask: np.ndarray,
-        source_index: np.ndarray,
-        src_mask: np.ndarray,
-        past: list[np.ndarray],
-        cross: list[np.ndarray],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One decoder step; see export/graphs.py DecoderStepGraph for the meaning of each input."""
-        feeds = {
-            "tgt_ids": tgt_ids[:, None],
-            "positions": positions,
-            "cache_index": cache_index,
-            "past_mask": past_mask,
-            "source_index": source_index,
-            "src_mask": src_mask,
-            **dict(zip(self.past_names, past, strict=True)),
-            **dict(zip(self.cross_names, cross, strict=True)),
-        }
-        log_probs, *present = self.decoder.run(None, feeds)
-        return log_probs, present
-
-    def empty_past(self) -> list[np.ndarray]:
-        shape = (1, self.config.n_heads, 0, self.config.head_dim)
-        return [np.zeros(shape, dtype=np.float32) for _ in self.past_names]
+    def new_step_cache(self) -> StepCache:
+        """Decoder rows and their caches, bound to this runtime's decoder session (export/step_cache.py)."""
+        config = self.config
+        return StepCache(self.decoder, config.n_heads, config.head_dim, config.vocab_size, config.max_positions,
+                         self.past_names, self.present_names, self.cross_names)  # fmt: skip
 
     def warm_up(self) -> float:
         """Run the largest configured shapes once, so the first request does not pay for allocation."""
@@ -84,9 +62,11 @@ class Runtime:
         src_mask = np.ones((rows, src_len), dtype=bool)
         cross = self.encode(src_ids, src_mask)
         index = np.arange(rows, dtype=np.int64)
-        zeros = np.zeros(rows, dtype=np.int64)
-        _, present = self.decode(zeros + self.config.bos_id, zeros, zeros, np.zeros((rows, 0), dtype=bool), index, src_mask, self.empty_past(), cross)
-        self.decode(zeros + self.config.bos_id, zeros + 1, index, np.ones((rows, 1), dtype=bool), index, src_mask, present, cross)
+        tokens = np.full(rows, self.config.bos_id, dtype=np.int64)
+        cache = self.new_step_cache()
+        for parents in (np.full(rows, -1, dtype=np.int64), index):  # a first step, then one with a past
+            cache.arrange(parents, tokens, index, index, cross, src_mask)
+            cache.run()
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from export.ort_step import OrtStep
+from export.step_cache import StepCache
 from model.search import Hypothesis, SearchOptions, generate
 from server.engine import Engine, EngineLimits, Job, Outcome
 from server.runtime import Runtime, RuntimeSettings
@@ -48,17 +49,17 @@ def assert_same(job: Job, expected: list[Hypothesis]) -> None:
 def record_calls(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     """Count rows per decoder call and sources per encoder call, calling the real sessions."""
     calls: dict[str, list[int]] = {"decode": [], "encode": []}
-    real_decode, real_encode = runtime.decode, runtime.encode
+    real_run, real_encode = StepCache.run, runtime.encode
 
-    def decode(tgt_ids: np.ndarray, *args: object) -> object:
-        calls["decode"].append(len(tgt_ids))
-        return real_decode(tgt_ids, *args)
+    def run(cache: StepCache) -> np.ndarray:
+        calls["decode"].append(cache.rows)
+        return real_run(cache)
 
     def encode(src_ids: np.ndarray, src_mask: np.ndarray) -> object:
         calls["encode"].append(len(src_ids))
         return real_encode(src_ids, src_mask)
 
-    monkeypatch.setattr(runtime, "decode", decode)
+    monkeypatch.setattr(StepCache, "run", run)
     monkeypatch.setattr(runtime, "encode", encode)
     return calls
 
@@ -126,16 +127,16 @@ def test_engine_row_budget_bounds_every_call(runtime: Runtime, tiny_model_dir: P
 
 def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(runtime)
-    real_decode = runtime.decode
+    real_run = StepCache.run
     failing = {"left": 1}
 
-    def decode(*args: object) -> object:
+    def run(cache: StepCache) -> np.ndarray:
         if failing["left"]:
             failing["left"] -= 1
             raise RuntimeError("injected ONNX Runtime failure")
-        return real_decode(*args)
+        return real_run(cache)
 
-    monkeypatch.setattr(runtime, "decode", decode)
+    monkeypatch.setattr(StepCache, "run", run)
     broken = engine.submit(SOURCES[0], GREEDY_LONG)
     engine.step()
     assert broken.outcome is Outcome.FAILED

@@ -38,8 +38,8 @@ def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     for name in ("encoder.onnx", "decoder.onnx"):
         onnx.checker.check_model(str(fp32_dir / name))
     decoder_inputs = manifest.input_names("decoder")
-    assert list(decoder_inputs[:6]) == ["tgt_ids", "positions", "cache_index", "past_mask", "source_index", "src_mask"]
-    assert manifest.output_names("decoder")[0] == "log_probs"
+    assert list(decoder_inputs[:4]) == ["tgt_ids", "positions", "src_mask", "past_key_0"]
+    assert manifest.output_names("decoder")[:2] == ("log_probs", "present_key_0")
 
 
 def test_export_has_one_decoder_graph_without_control_flow(fp32_dir: Path) -> None:
@@ -65,7 +65,7 @@ def test_export_empty_past_first_step_matches_torch(fp32_dir: Path, tiny_checkpo
         step.begin(sources)
     args = (np.array([0, 1, 2]), np.array([-1, -1, -1]), np.full(3, model.config.bos_id))
     np.testing.assert_allclose(ort_step(*args), torch_step(*args), atol=1e-4)
-    assert ort_step.past[0].shape[2] == 1  # the present of an empty past holds one slot
+    assert ort_step.cache.positions.tolist() == [1, 1, 1]  # each row has cached its first token
 
 
 def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
@@ -83,7 +83,23 @@ def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, t
     ]
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
-    assert ort_step.positions.tolist() == [4, 2, 4, 4]
+    assert ort_step.cache.positions.tolist() == [4, 2, 4, 4]
+
+
+def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
+    """Fused attention, no cache copies in the graph; a step writes one slot per row into the bound buffers."""
+    ops = {node.op_type for node in onnx.load(str(fp32_dir / "decoder.onnx")).graph.node}
+    assert {"GroupQueryAttention", "MultiHeadAttention"} <= ops and "Concat" not in ops
+    ort_step = OrtStep(fp32_dir)
+    ort_step.begin([[5, 6, 7], [8, 9]])
+    ort_step(np.array([0, 1]), np.array([-1, -1]), np.array([1, 1]))
+    buffers = list(ort_step.cache._self_kv)
+    before = [buffer.copy() for buffer in buffers]
+    ort_step(np.array([0, 1]), np.array([0, 1]), np.array([20, 21]))
+    for buffer, old in zip(ort_step.cache._self_kv, before, strict=True):
+        assert buffer is buffers.pop(0)  # the same memory, not a new present
+        assert np.array_equal(buffer[:2, :, :1], old[:2, :, :1])  # slot 0 kept
+        assert np.abs(buffer[:2, :, 1]).sum() > 0 and not old[:2, :, 1].any()  # slot 1 written by the step
 
 
 def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) -> None:

@@ -37,7 +37,7 @@ def make_manifest(**overrides: Any) -> Manifest:
     config = PRESETS["tiny"]
     layers = range(config.n_decoder_layers)
     kv_shape = ("batch", config.n_heads, "src_len", config.head_dim)
-    past_shape = ("batch", config.n_heads, "past_len", config.head_dim)
+    past_shape = ("batch", config.n_heads, "capacity", config.head_dim)
     cross = tuple(TensorSpec(f"cross_{kv}_{i}", "float32", kv_shape) for i in layers for kv in "kv")
     encoder = GraphSpec(
         file="encoder.onnx",
@@ -47,9 +47,8 @@ def make_manifest(**overrides: Any) -> Manifest:
     decoder = GraphSpec(
         file="decoder.onnx",
         inputs=(TensorSpec("tgt_ids", "int64", ("batch", 1)), TensorSpec("positions", "int64", ("batch",)),
-                *(TensorSpec(f"past_{kv}_{i}", "float32", past_shape) for i in layers for kv in "kv"),
-                TensorSpec("past_mask", "bool", ("batch", "past_len")), *cross,
-                TensorSpec("src_mask", "bool", ("batch", "src_len"))),  # fmt: skip
+                TensorSpec("src_mask", "bool", ("batch", "src_len")),
+                *(TensorSpec(f"past_{kv}_{i}", "float32", past_shape) for i in layers for kv in "kv"), *cross),  # fmt: skip
         outputs=(TensorSpec("log_probs", "float32", ("batch", config.vocab_size)),
                  *(TensorSpec(f"present_{kv}_{i}", "float32", past_shape) for i in layers for kv in "kv")),  # fmt: skip
     )
@@ -172,14 +171,14 @@ def test_load_model_dir_refuses_missing_manifest(model_dir: Path) -> None:
 
 
 def test_load_model_dir_refuses_invalid_json(model_dir: Path) -> None:
-    (model_dir / MANIFEST_FILE).write_text('{\n  "format_version": 1,\n  "model_name": oops\n}\n')
+    (model_dir / MANIFEST_FILE).write_text('{\n  "format_version": 2,\n  "model_name": oops\n}\n')
     with pytest.raises(ModelDirError, match=r"manifest\.json: not valid JSON \(line 3"):
         load_model_dir(model_dir)
 
 
 def test_load_model_dir_refuses_wrong_format_version(model_dir: Path) -> None:
     edit_manifest(model_dir, lambda raw: raw.update(format_version=7))
-    with pytest.raises(ModelDirError, match=r"manifest\.json: format_version 7 not supported \(this server reads 1\)$"):
+    with pytest.raises(ModelDirError, match=r"manifest\.json: format_version 7 not supported \(this server reads 2\)$"):
         load_model_dir(model_dir)
 
 

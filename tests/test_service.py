@@ -249,16 +249,16 @@ def test_row8_warming_up_is_unavailable_and_not_serving(tiny_model_dir: Path) ->
 
 def test_row19_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir)) as server:
-        runtime = server.server.runtime
-        decode, armed = runtime.decode, threading.Event()
+        decoder = server.server.runtime.decoder
+        run, armed = decoder.run_with_iobinding, threading.Event()
 
-        def failing_decode(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def failing_run(*args, **kwargs):  # type: ignore[no-untyped-def]
             if armed.is_set():
                 armed.clear()
                 raise RuntimeError("injected ONNX Runtime failure")
-            return decode(*args, **kwargs)
+            return run(*args, **kwargs)
 
-        runtime.decode = failing_decode  # type: ignore[method-assign]
+        decoder.run_with_iobinding = failing_run  # type: ignore[method-assign]
         channel, stub = server.stub()
         with channel:
             armed.set()

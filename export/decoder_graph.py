@@ -1,0 +1,135 @@
+"""The decoder-step graph, written node by node from the Transformer's weights with fused ONNX Runtime ops.
+
+Why not torch.onnx here: the exported step was ~150 small nodes (reshapes, transposes, a gather
+and a concat of the whole cache per layer), and at serving batch sizes a step is dominated by
+per-node cost and those copies (bench/results/engine.md). Written directly, a decoder layer is
+one fused QKV MatMul, `com.microsoft.GroupQueryAttention` (with as many K/V heads as query heads,
+that is plain multi-head attention) over a self-attention cache that is updated in place, a
+`com.microsoft.MultiHeadAttention` over the cross K/V, three SkipLayerNormalization (post-LN)
+and the FFN: ~53 nodes in all. Parity against the PyTorch model checks it (export/parity.py).
+
+Contract (DESIGN section 4, revised): every row carries its own cache, so rows at different
+positions share a call without a past mask or padding.
+  tgt_ids    [rows, 1] int64   the token fed
+  positions  [rows] int64      its position = how many tokens the row has cached already
+  src_mask   [rows, src_len] bool, and cross K/V per layer [rows, H, src_len, Dh]
+  past K/V per layer [rows, H, capacity, Dh]: slots [0, position) of a row are its past;
+  the step writes slot `position` and reads slots [0, position]. Bind each present K/V to the
+  same buffer as its past (IO binding) and the cache grows in place; without binding, ONNX
+  Runtime returns a fresh copy of the same shape.
+  -> log_probs [rows, V] float32, present K/V per layer [rows, H, capacity, Dh]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from export.graphs import encoder_output_names, kv_names, past_names, present_names
+from model.transformer import DecoderLayer, Transformer
+
+DECODER_INPUTS = ["tgt_ids", "positions", "src_mask"]
+CONTRIB_DOMAIN = "com.microsoft"
+IR_VERSION = 10  # what onnxruntime 1.2x/1.3x loads; onnx 1.23 would write 11+
+
+
+class GraphWriter:
+    """Collects nodes and initializers; every call returns the name of the tensor it produced."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def constant(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], output: str, domain: str = "", extra_outputs: tuple[str, ...] = (), **attributes: object) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [output, *extra_outputs], name=output, domain=domain or None, **attributes))
+        return output
+
+    def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, name: str) -> str:
+        """x @ weight.T (+ bias): weights stored transposed, as MatMul wants them."""
+        out = self.op("MatMul", [x, self.constant(f"{name}.weight_t", weight.T)], f"{name}.matmul")
+        return self.op("Add", [out, self.constant(f"{name}.bias", bias)], f"{name}.out") if bias is not None else out
+
+
+def to_numpy(tensor: object) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()  # type: ignore[attr-defined]
+
+
+def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int) -> str:
+    name = f"layer{index}"
+    scale = 1.0 / math.sqrt(head_dim)
+    attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+    # Self-attention: one MatMul for Q, K and V (packed, as GroupQueryAttention reads them).
+    qkv_weight = np.concatenate([to_numpy(proj.weight) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    qkv_bias = np.concatenate([to_numpy(proj.bias) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    qkv = graph.linear(x, qkv_weight, qkv_bias, f"{name}.qkv")
+    (past_key, past_value), (present_key, present_value) = kv_names("past", index), kv_names("present", index)
+    attended = graph.op("GroupQueryAttention", [qkv, "", "", past_key, past_value, "seqlens_k", "total_sequence_length"], f"{name}.self_attn",
+                        CONTRIB_DOMAIN, (present_key, present_value), num_heads=n_heads, kv_num_heads=n_heads, scale=scale)  # fmt: skip
+    x = add_and_norm(graph, graph.linear(attended, to_numpy(attn.out_proj.weight), None, f"{name}.self_out"), x, to_numpy(attn.out_proj.bias), layer.norm1, f"{name}.norm1")
+    # Cross-attention over the encoder's K/V, already split into heads ([rows, H, S, Dh]).
+    query = graph.linear(x, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
+    cross_key, cross_value = kv_names("cross", index)
+    attended = graph.op("MultiHeadAttention", [query, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
+                        num_heads=n_heads, scale=scale)  # fmt: skip
+    x = add_and_norm(graph, graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out"), x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
+    hidden = graph.op("Relu", [graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up")], f"{name}.relu")
+    return add_and_norm(graph, graph.linear(hidden, to_numpy(ffn.down.weight), None, f"{name}.ffn_down"), x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
+
+
+def add_and_norm(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias: np.ndarray, norm: object, name: str) -> str:
+    """Post-LN: LayerNorm(residual + sublayer + bias) as one SkipLayerNormalization."""
+    inputs = [sublayer, residual, graph.constant(f"{name}.gamma", to_numpy(norm.weight)), graph.constant(f"{name}.beta", to_numpy(norm.bias)),  # type: ignore[attr-defined]
+              graph.constant(f"{name}.sublayer_bias", sublayer_bias)]  # fmt: skip
+    return graph.op("SkipLayerNormalization", inputs, name, CONTRIB_DOMAIN, epsilon=float(norm.eps))  # type: ignore[attr-defined]
+
+
+def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
+    config = model.config
+    graph = GraphWriter()
+    embedding = graph.constant("embedding", to_numpy(model.embed.weight))
+    # Embedding scaled by sqrt(d_model) plus the sinusoidal position of each row's token.
+    tokens = graph.op("Mul", [graph.op("Gather", [embedding, "tgt_ids"], "token_embedding"), graph.constant("embed_scale", np.array(math.sqrt(config.d_model), np.float32))], "scaled_embedding")
+    position = graph.op("Gather", [graph.constant("position_table", model.position_table.numpy()), "positions"], "position_embedding")
+    x = graph.op("Add", [tokens, graph.op("Unsqueeze", [position, graph.constant("axis_1", np.array([1], np.int64))], "position_embedding_3d")], "embedded")
+    # What the fused attention ops take: int32 per-row lengths, the longest row's total, an int32 key mask.
+    graph.op("Cast", ["positions"], "seqlens_k", to=TensorProto.INT32)
+    longest = graph.op("ReduceMax", ["positions"], "longest_position", keepdims=0)
+    graph.op("Cast", [graph.op("Add", [longest, graph.constant("one", np.array(1, np.int64))], "total_length_int64")], "total_sequence_length", to=TensorProto.INT32)
+    graph.op("Cast", ["src_mask"], "src_mask_int", to=TensorProto.INT32)
+    for index, layer in enumerate(model.decoder_layers):
+        x = write_layer(graph, layer, index, x, config.n_heads, config.head_dim)
+    hidden = graph.op("Squeeze", [x, "axis_1"], "hidden")
+    # The output projection is the embedding (tied): a Transpose that ONNX Runtime folds at load keeps one copy in the file.
+    logits = graph.op("MatMul", [hidden, graph.op("Transpose", [embedding], "output_projection", perm=[1, 0])], "logits")
+    graph.op("LogSoftmax", [logits], "log_probs", axis=-1)
+    return helper.make_model(
+        helper.make_graph(graph.nodes, "decoder_step", decoder_inputs(model), decoder_outputs(model), graph.initializers),
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB_DOMAIN, 1)], ir_version=IR_VERSION,
+        producer_name="nmt-serve export/decoder_graph.py",
+    )  # fmt: skip
+
+
+def decoder_inputs(model: Transformer) -> list[onnx.ValueInfoProto]:
+    config = model.config
+    heads, head_dim, n_layers = config.n_heads, config.head_dim, config.n_decoder_layers
+    value = helper.make_tensor_value_info
+    inputs = [value("tgt_ids", TensorProto.INT64, ["rows", 1]), value("positions", TensorProto.INT64, ["rows"]),
+              value("src_mask", TensorProto.BOOL, ["rows", "src_len"])]  # fmt: skip
+    inputs += [value(name, TensorProto.FLOAT, ["rows", heads, "capacity", head_dim]) for name in past_names(n_layers)]
+    inputs += [value(name, TensorProto.FLOAT, ["rows", heads, "src_len", head_dim]) for name in encoder_output_names(n_layers)]
+    return inputs
+
+
+def decoder_outputs(model: Transformer) -> list[onnx.ValueInfoProto]:
+    config = model.config
+    value = helper.make_tensor_value_info
+    outputs = [value("log_probs", TensorProto.FLOAT, ["rows", config.vocab_size])]
+    outputs += [value(name, TensorProto.FLOAT, ["rows", config.n_heads, "capacity", config.head_dim]) for name in present_names(config.n_decoder_layers)]
+    return outputs

@@ -1,0 +1,160 @@
+"""StepCache: the rows of the next decoder-step call and their caches, in buffers ONNX Runtime updates in place.
+
+Each row owns a slice of one preallocated buffer per cache tensor: its self-attention K/V
+(slots [0, position)), its cross K/V and source mask. The buffers are bound to the decoder with
+IO binding, each present K/V to the same memory as its past, so a step appends one slot per row
+and copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues
+a different row (a beam reorder, or rows sliding down after a request left) copies that row's
+used slots; a row whose source changed copies the source's cross K/V from the caller's pool.
+Unchanged rows, the common case, cost nothing. Torch-free: the server imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+INITIAL_ROWS = 8
+INITIAL_LENGTH = 16
+
+
+class StepCache:
+    def __init__(self, session: ort.InferenceSession, n_heads: int, head_dim: int, vocab_size: int, max_positions: int,
+                 past_names: Sequence[str], present_names: Sequence[str], cross_names: Sequence[str]) -> None:  # fmt: skip
+        self.session = session
+        self.n_heads, self.head_dim, self.vocab_size, self.max_positions = n_heads, head_dim, vocab_size, max_positions
+        self.past_names, self.present_names, self.cross_names = list(past_names), list(present_names), list(cross_names)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every row and give the memory back."""
+        self.rows = 0
+        self._self_kv = [self._zeros(0, 0) for _ in self.past_names]  # (row capacity, H, length capacity, Dh)
+        self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (row capacity, H, source capacity, Dh)
+        self._src_mask = np.zeros((0, 0), dtype=bool)
+        self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
+        self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
+        self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a row holds; -1 = none
+        self._log_probs = np.zeros((0, self.vocab_size), dtype=np.float32)
+        self._binding: ort.IOBinding | None = None
+        self._bound_rows = -1
+
+    @property
+    def capacity(self) -> tuple[int, int, int]:
+        """(rows, cached tokens per row, source tokens per row) the buffers hold now."""
+        return self._positions.shape[0], self._self_kv[0].shape[2] if self._self_kv else 0, self._src_mask.shape[1]
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Per live row: how many tokens it has cached (after `run`, including the one just fed)."""
+        return self._positions[: self.rows]
+
+    def padding_ratio(self) -> float:
+        """Share of source slots the last call's cross-attention masked out (self-attention has none)."""
+        mask = self._src_mask[: self.rows]
+        return 1.0 - float(mask.mean()) if mask.size else 0.0
+
+    def arrange(self, parents: np.ndarray, tgt_ids: np.ndarray, source_keys: np.ndarray, source_slots: np.ndarray,
+                pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:  # fmt: skip
+        """Lay out the next call: row j feeds tgt_ids[j] and continues row parents[j] of the last call
+        (-1: a new row at position 0); its source is pool slot source_slots[j], which holds the source
+        named source_keys[j] (a key unique while the source is in use: a reused slot gets a new key).
+        pool_cross: encoder K/V per layer (slots, H, S, Dh); pool_mask (slots, S).
+        """
+        parents = np.asarray(parents, dtype=np.int64)
+        rows = len(parents)
+        is_new = parents < 0
+        continued = np.maximum(parents, 0)
+        positions = np.where(is_new, 0, self._positions[continued]) if self.rows else np.zeros(rows, dtype=np.int64)
+        self._reserve(rows, int(positions.max(initial=0)) + 1, pool_mask.shape[1])
+        moved = ~is_new & (parents != np.arange(rows))
+        if moved.any():
+            destination, origin = np.flatnonzero(moved), parents[moved]
+            used = int(self._positions[origin].max())
+            for buffer in self._self_kv:  # the right side is copied first, so overlapping moves are safe
+                buffer[destination, :, :used] = buffer[origin, :, :used]
+        keys = np.asarray(source_keys, dtype=np.int64)
+        stale = np.flatnonzero(self._source_keys[:rows] != keys)
+        if stale.size:
+            slots, width = np.asarray(source_slots, dtype=np.int64)[stale], pool_mask.shape[1]
+            for buffer, pool in zip(self._cross, pool_cross, strict=True):
+                buffer[stale, :, :width] = pool[slots]
+            self._src_mask[stale, :width] = pool_mask[slots]
+            self._src_mask[stale, width:] = False
+            self._source_keys[stale] = keys[stale]
+        self._positions[:rows] = positions
+        self._tgt_ids[:rows, 0] = tgt_ids
+        self.rows = rows
+
+    def run(self) -> np.ndarray:
+        """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
+        if self._bound_rows != self.rows or self._binding is None:
+            self._bind()
+        self.session.run_with_iobinding(self._binding)
+        self._positions[: self.rows] += 1
+        return self._log_probs[: self.rows]
+
+    def row_cache(self, row: int) -> list[np.ndarray]:
+        """The cached self-attention K/V of one row, per past name, each (H, tokens, Dh): for parity checks."""
+        return [buffer[row, :, : self._positions[row]] for buffer in self._self_kv]
+
+    # ------------------------------------------------------------ buffers
+
+    def _zeros(self, rows: int, length: int) -> np.ndarray:
+        # Zeros, not empty: masked source slots are multiplied by 0, and 0 * NaN from stale memory is NaN.
+        return np.zeros((rows, self.n_heads, length, self.head_dim), dtype=np.float32)
+
+    def _reserve(self, rows: int, length: int, src_width: int) -> None:
+        """Grow the buffers (doubling) so `rows` rows of `length` cached tokens and `src_width` sources fit."""
+        if length > self.max_positions:
+            raise ValueError(f"a row would cache {length} tokens; the position table has {self.max_positions}")
+        row_cap, length_cap, src_cap = self.capacity
+        if rows <= row_cap and length <= length_cap and src_width <= src_cap:
+            return
+        new_rows = max(rows, row_cap * 2 if rows > row_cap else row_cap, INITIAL_ROWS)
+        new_length = min(max(length, length_cap * 2 if length > length_cap else length_cap, INITIAL_LENGTH), self.max_positions)
+        new_src = max(src_width, src_cap)
+        live = self.rows
+        self._self_kv = [self._grown(buffer, new_rows, new_length, live) for buffer in self._self_kv]
+        self._cross = [self._grown(buffer, new_rows, new_src, live) for buffer in self._cross]
+        mask = np.zeros((new_rows, new_src), dtype=bool)
+        mask[:live, :src_cap] = self._src_mask[:live]
+        self._src_mask = mask
+        self._positions = self._grown_vector(self._positions, new_rows, 0)
+        self._source_keys = self._grown_vector(self._source_keys, new_rows, -1)
+        self._tgt_ids = np.zeros((new_rows, 1), dtype=np.int64)
+        self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
+        self._binding = None  # new memory: bind again
+
+    def _grown(self, buffer: np.ndarray, rows: int, length: int, live: int) -> np.ndarray:
+        grown = self._zeros(rows, length)
+        grown[:live, :, : buffer.shape[2]] = buffer[:live]
+        return grown
+
+    @staticmethod
+    def _grown_vector(vector: np.ndarray, rows: int, fill: int) -> np.ndarray:
+        grown = np.full(rows, fill, dtype=vector.dtype)
+        grown[: len(vector)] = vector
+        return grown
+
+    def _bind(self) -> None:
+        """Point the session at views of the first `rows` rows; presents share their past's memory."""
+        rows = self.rows
+        binding = self.session.io_binding()
+
+        def bind(name: str, array: np.ndarray, output: bool = False) -> None:
+            bind_to = binding.bind_output if output else binding.bind_input
+            bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
+
+        bind("tgt_ids", self._tgt_ids[:rows])
+        bind("positions", self._positions[:rows])
+        bind("src_mask", self._src_mask[:rows])
+        for past, present, buffer in zip(self.past_names, self.present_names, self._self_kv, strict=True):
+            bind(past, buffer[:rows])
+            bind(present, buffer[:rows], output=True)
+        for name, buffer in zip(self.cross_names, self._cross, strict=True):
+            bind(name, buffer[:rows])
+        bind("log_probs", self._log_probs[:rows], output=True)
+        self._binding, self._bound_rows = binding, rows
