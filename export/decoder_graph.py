@@ -72,15 +72,18 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_h
     (past_key, past_value), (present_key, present_value) = kv_names("past", index), kv_names("present", index)
     attended = graph.op("GroupQueryAttention", [qkv, "", "", past_key, past_value, "seqlens_k", "total_sequence_length"], f"{name}.self_attn",
                         CONTRIB_DOMAIN, (present_key, present_value), num_heads=n_heads, kv_num_heads=n_heads, scale=scale)  # fmt: skip
-    x = add_and_norm(graph, graph.linear(attended, to_numpy(attn.out_proj.weight), None, f"{name}.self_out"), x, to_numpy(attn.out_proj.bias), layer.norm1, f"{name}.norm1")
+    out = graph.linear(attended, to_numpy(attn.out_proj.weight), None, f"{name}.self_out")
+    x = add_and_norm(graph, out, x, to_numpy(attn.out_proj.bias), layer.norm1, f"{name}.norm1")
     # Cross-attention over the encoder's K/V, already split into heads ([rows, H, S, Dh]).
     query = graph.linear(x, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
     cross_key, cross_value = kv_names("cross", index)
     attended = graph.op("MultiHeadAttention", [query, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
                         num_heads=n_heads, scale=scale)  # fmt: skip
-    x = add_and_norm(graph, graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out"), x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
+    out = graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out")
+    x = add_and_norm(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
     hidden = graph.op("Relu", [graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up")], f"{name}.relu")
-    return add_and_norm(graph, graph.linear(hidden, to_numpy(ffn.down.weight), None, f"{name}.ffn_down"), x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
+    out = graph.linear(hidden, to_numpy(ffn.down.weight), None, f"{name}.ffn_down")
+    return add_and_norm(graph, out, x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
 
 
 def add_and_norm(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias: np.ndarray, norm: object, name: str) -> str:
