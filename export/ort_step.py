@@ -32,8 +32,12 @@ def make_session(path: Path, providers: Sequence[str] | None = None, threads: in
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
+    chosen = list(providers or available_providers())
+    # ONNX Runtime's CPU SkipLayerNormalization kernel is ~4x slower per row than the Add + LayerNormalization
+    # it replaces (measured: encoder int8 6.1 -> 4.4 ms at 8 x 20 tokens without the fusion, outputs equal).
+    disabled = ["SkipLayerNormFusion"] if chosen[0] == "CPUExecutionProvider" else []
     try:
-        session = ort.InferenceSession(str(path), options, providers=list(providers or available_providers()))
+        session = ort.InferenceSession(str(path), options, providers=chosen, disabled_optimizers=disabled)
     except Exception as error:  # ORT raises several private exception types; all mean "unusable file"
         raise ValueError(f"{Path(path).name}: onnxruntime cannot load it: {error}") from error
     logger.info("%s runs on %s", Path(path).name, session.get_providers()[0])

@@ -259,6 +259,25 @@ class GreedySearch(Searcher):
         options = self.options
         return options.repetition_penalty == 1.0 and options.no_repeat_ngram_size == 0 and len(self.rows[0]) >= len(options.target_prefix)
 
+    def extend_one(self, token: int, score: float) -> np.ndarray | None:
+        """`_extend` for the one row of a greedy search, without the general path's lists (it runs per request per step)."""
+        tokens = self.rows[0]
+        if token == self.eos_id:
+            self.finished.append((tokens, score, FinishReason.EOS))
+        else:
+            tokens += (token,)
+            if len(tokens) >= self.max_length:
+                self.finished.append((tokens, score, FinishReason.LENGTH))
+            else:
+                self.rows[0], self.row_scores[0] = tokens, score
+                self.next_tokens = np.array([token], dtype=np.int64)
+                return FIRST_ROW
+        self.rows, self.row_scores, self.next_tokens, self.done = [], np.zeros(0), np.zeros(0, dtype=np.int64), True
+        return None
+
+
+FIRST_ROW = np.zeros(1, dtype=np.int64)  # a greedy row always continues its own row 0; shared, never written
+
 
 def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> list[np.ndarray | None]:
     """advance() of many batchable greedy searchers at once; row i of the (n, V) log-probs is searchers[i]'s row.
@@ -280,7 +299,7 @@ def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> 
     for searcher, token, log_prob in zip(searchers, tokens.tolist(), picked.tolist(), strict=True):
         if searcher.done or not searcher.batchable or searcher.eos_id != eos_id:
             raise ValueError("advance_greedy needs live, batchable greedy searchers sharing one eos_id")
-        results.append(searcher._extend([(0, token, searcher.row_scores[0] + log_prob)]))
+        results.append(searcher.extend_one(token, searcher.row_scores[0] + log_prob))
     return results
 
 

@@ -237,20 +237,14 @@ class Engine:
 
     def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row, in the order of `self.active`: source pool slot, source key (the job id), row continued (-1 = new), token fed."""
-        slots, keys, parents, tokens = [], [], [], []
-        for job in self.active:
-            searcher = job.searcher
-            assert searcher is not None
-            rows = len(searcher.next_tokens)
-            if job.job_id in joined:
-                local = np.full(rows, -1, dtype=np.int64)
-            else:
-                local = job.local_parents + job.previous_offset
-            slots.append(np.full(rows, job.slot, dtype=np.int64))
-            keys.append(np.full(rows, job.job_id, dtype=np.int64))
-            parents.append(local)
-            tokens.append(searcher.next_tokens)
-        return np.concatenate(slots), np.concatenate(keys), np.concatenate(parents), np.concatenate(tokens).astype(np.int64)
+        searchers = [job.searcher for job in self.active]
+        counts = [len(searcher.next_tokens) for searcher in searchers]  # type: ignore[union-attr]
+        slots = np.repeat(np.array([job.slot for job in self.active], dtype=np.int64), counts)
+        keys = np.repeat(np.array([job.job_id for job in self.active], dtype=np.int64), counts)
+        parents = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined else job.local_parents + job.previous_offset
+                                  for job, count in zip(self.active, counts, strict=True)])  # fmt: skip
+        tokens = np.concatenate([searcher.next_tokens for searcher in searchers])  # type: ignore[union-attr]
+        return slots, keys, parents, tokens.astype(np.int64, copy=False)
 
     def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask)
