@@ -26,39 +26,13 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finish_model, to_numpy
 from export.graphs import encoder_output_names, kv_names, past_names, present_names
 from model.transformer import DecoderLayer, Transformer
 
 DECODER_INPUTS = ["tgt_ids", "positions", "src_mask"]
-CONTRIB_DOMAIN = "com.microsoft"
-IR_VERSION = 10  # what onnxruntime 1.2x/1.3x loads; onnx 1.23 would write 11+
-
-
-class GraphWriter:
-    """Collects nodes and initializers; every call returns the name of the tensor it produced."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-
-    def constant(self, name: str, value: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], output: str, domain: str = "", extra_outputs: tuple[str, ...] = (), **attributes: object) -> str:
-        self.nodes.append(helper.make_node(op_type, inputs, [output, *extra_outputs], name=output, domain=domain or None, **attributes))
-        return output
-
-    def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, name: str) -> str:
-        """x @ weight.T (+ bias): weights stored transposed, as MatMul wants them."""
-        out = self.op("MatMul", [x, self.constant(f"{name}.weight_t", weight.T)], f"{name}.matmul")
-        return self.op("Add", [out, self.constant(f"{name}.bias", bias)], f"{name}.out") if bias is not None else out
-
-
-def to_numpy(tensor: object) -> np.ndarray:
-    return tensor.detach().float().cpu().numpy()  # type: ignore[attr-defined]
 
 
 def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int) -> str:
@@ -86,20 +60,6 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_h
     return add_and_norm(graph, out, x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
 
 
-def add_and_norm(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias: np.ndarray, norm: object, name: str) -> str:
-    """Post-LN: LayerNorm(residual + sublayer + bias).
-
-    Plain Add + LayerNormalization, not com.microsoft.SkipLayerNormalization: on the CPU the fused
-    kernel measured ~1.8 us per 256-wide row against ~0.4 us for these three nodes (32 rows: 70 vs
-    26 us), and ONNX Runtime's own SkipLayerNormFusion is turned off for CPU sessions for that reason
-    (export/ort_step.make_session).
-    """
-    biased = graph.op("Add", [sublayer, graph.constant(f"{name}.sublayer_bias", sublayer_bias)], f"{name}.biased")
-    summed = graph.op("Add", [biased, residual], f"{name}.residual")
-    gamma, beta = graph.constant(f"{name}.gamma", to_numpy(norm.weight)), graph.constant(f"{name}.beta", to_numpy(norm.bias))  # type: ignore[attr-defined]
-    return graph.op("LayerNormalization", [summed, gamma, beta], name, axis=-1, epsilon=float(norm.eps))  # type: ignore[attr-defined]
-
-
 def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     config = model.config
     graph = GraphWriter()
@@ -119,11 +79,7 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     # The output projection is the embedding (tied): a Transpose that ONNX Runtime folds at load keeps one copy in the file.
     logits = graph.op("MatMul", [hidden, graph.op("Transpose", [embedding], "output_projection", perm=[1, 0])], "logits")
     graph.op("LogSoftmax", [logits], "log_probs", axis=-1)
-    return helper.make_model(
-        helper.make_graph(graph.nodes, "decoder_step", decoder_inputs(model), decoder_outputs(model), graph.initializers),
-        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB_DOMAIN, 1)], ir_version=IR_VERSION,
-        producer_name="nmt-serve export/decoder_graph.py",
-    )  # fmt: skip
+    return finish_model(graph, "decoder_step", decoder_inputs(model), decoder_outputs(model), opset)
 
 
 def decoder_inputs(model: Transformer) -> list[onnx.ValueInfoProto]:

@@ -18,6 +18,8 @@ import onnxruntime as ort
 
 INITIAL_ROWS = 8
 INITIAL_LENGTH = 16
+# An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
+KEEP_BYTES = 64 << 20
 
 
 class StepCache:
@@ -27,6 +29,15 @@ class StepCache:
         self.n_heads, self.head_dim, self.vocab_size, self.max_positions = n_heads, head_dim, vocab_size, max_positions
         self.past_names, self.present_names, self.cross_names = list(past_names), list(present_names), list(cross_names)
         self.reset()
+
+    def clear(self) -> None:
+        """Drop every row; keep the buffers for the next rows unless they have grown past KEEP_BYTES."""
+        held = sum(buffer.nbytes for buffer in (*self._self_kv, *self._cross))
+        if held > KEEP_BYTES:
+            self.reset()
+            return
+        self.rows = 0
+        self._source_keys[:] = -1  # pool slots are reused by new sources: their cross K/V must be copied again
 
     def reset(self) -> None:
         """Drop every row and give the memory back."""

@@ -290,11 +290,15 @@ def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> 
         return []
     eos_id = searchers[0].eos_id
     banned = [row for row, searcher in enumerate(searchers) if len(searcher.rows[0]) < searcher.options.min_output_tokens]
-    if banned:
-        log_probs = log_probs.copy()  # the caller's array is left untouched
-        log_probs[banned, eos_id] = -np.inf
-    tokens = log_probs.argmax(axis=1)
-    picked = log_probs[np.arange(len(searchers)), tokens]
+    # EOS is banned by setting its column to -inf for the argmax and restoring it: the caller's array
+    # is left as it was, without copying all (n, V) of it.
+    saved = log_probs[banned, eos_id].copy()
+    log_probs[banned, eos_id] = -np.inf
+    try:
+        tokens = log_probs.argmax(axis=1)
+        picked = log_probs[np.arange(len(searchers)), tokens]
+    finally:
+        log_probs[banned, eos_id] = saved
     results = []
     for searcher, token, log_prob in zip(searchers, tokens.tolist(), picked.tolist(), strict=True):
         if searcher.done or not searcher.batchable or searcher.eos_id != eos_id:

@@ -104,6 +104,17 @@ class EngineLimits:
     max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
 
 
+def length_groups(jobs: list[Job], stretch: float = 1.5, slack: int = 4) -> list[list[Job]]:
+    """Jobs sorted by source length, cut where a source is over `stretch` x its group's shortest + `slack` tokens."""
+    groups: list[list[Job]] = []
+    for job in sorted(jobs, key=lambda job: len(job.src_ids)):
+        if groups and len(job.src_ids) <= stretch * len(groups[-1][0].src_ids) + slack:
+            groups[-1].append(job)
+        else:
+            groups.append([job])
+    return groups
+
+
 class Engine:
     """Not thread-safe by itself except `submit` and `cancel`; one worker thread calls `step`."""
 
@@ -163,7 +174,7 @@ class Engine:
         self._drop_leaving(now)
         joined = self._admit(now)
         if not self.active:
-            self._reset_cache()
+            self._cache.clear()
             self._reset_pool()
             return
         slots, keys, parents, tgt_ids = self._row_inputs(joined)
@@ -195,6 +206,8 @@ class Engine:
 
     def _admit(self, now: float) -> set[int]:
         """Move pending jobs into the batch while the row budget allows; encode them in one call."""
+        if not self._pending:  # read without the lock: a job submitted right now joins at the next step
+            return set()
         rows = sum(job.rows for job in self.active)
         cache_tokens = sum(job.rows * self._max_length(job) for job in self.active)
         admitted: list[Job] = []
@@ -278,7 +291,7 @@ class Engine:
             offset += rows
         self.active = still_active
         if not self.active:
-            self._reset_cache()
+            self._cache.clear()
             self._reset_pool()
 
     def _advance_greedy(self, log_probs: np.ndarray, row_counts: list[int]) -> dict[int, np.ndarray | None]:
@@ -291,7 +304,9 @@ class Engine:
                 rows.append(offset)
         if len(jobs) < 2:  # one request gains nothing from the batched path
             return {}
-        results = advance_greedy([job.searcher for job in jobs], log_probs[rows])  # type: ignore[misc]
+        # All rows greedy (the common case): a view, not a copy of the (rows, V) array.
+        greedy_log_probs = log_probs[: len(rows)] if len(rows) == len(log_probs) else log_probs[rows]
+        results = advance_greedy([job.searcher for job in jobs], greedy_log_probs)  # type: ignore[misc]
         return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
 
     def _max_length(self, job: Job) -> int:
@@ -321,6 +336,12 @@ class Engine:
         self._free_slots: list[int] = []
 
     def _encode(self, jobs: list[Job]) -> None:
+        """Encode in groups of similar length: an encoder call costs its padded size, so one long
+        source would make every short one in its call pay for the long one's length."""
+        for group in length_groups(jobs):
+            self._encode_group(group)
+
+    def _encode_group(self, jobs: list[Job]) -> None:
         config = self.config
         ids, mask = pad_sources([job.src_ids for job in jobs], config.pad_id, config.eos_id)
         width = ids.shape[1]
