@@ -262,7 +262,8 @@ class Engine:
     def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask)
         self._last_rows = len(parents)
-        self._last_padding = self._cache.padding_ratio()
+        if self.observer is not None:  # only the metrics read it
+            self._last_padding = self._cache.padding_ratio()
         decoding = time.perf_counter()
         log_probs = self._cache.run()
         self.profile.decode_s += time.perf_counter() - decoding
@@ -302,7 +303,7 @@ class Engine:
             if isinstance(job.searcher, GreedySearch) and job.searcher.batchable:
                 jobs.append(job)
                 rows.append(offset)
-        if len(jobs) < 2:  # one request gains nothing from the batched path
+        if not jobs:
             return {}
         # All rows greedy (the common case): a view, not a copy of the (rows, V) array.
         greedy_log_probs = log_probs[: len(rows)] if len(rows) == len(log_probs) else log_probs[rows]
