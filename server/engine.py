@@ -67,7 +67,7 @@ class Job:
     slot: int = -1  # row of the cross-K/V pool holding this request's source
     rows: int = 0  # rows in the next decoder call
     local_parents: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rows continued, local
-    previous_offset: int = 0  # where this job's rows sat in the last decoder call
+    row_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its rows in the last decoder call, local order
     steps: int = 0
     cancel_requested: bool = False
     outcome: Outcome | None = None
@@ -83,19 +83,20 @@ class Job:
 
 @dataclass
 class StepProfile:
-    """Where step time goes, summed over steps: ONNX Runtime (encoder, decoder), search (numpy + Python), the rest."""
+    """Where step time goes, summed over steps: ONNX Runtime (encoder, decoder), cache moves, search (numpy + Python), the rest."""
 
     steps: int = 0
     total_s: float = 0.0
     encode_s: float = 0.0
     decode_s: float = 0.0
+    arrange_s: float = 0.0
     search_s: float = 0.0
 
     def shares(self) -> dict[str, float]:
         total = max(self.total_s, 1e-12)
-        other = self.total_s - self.encode_s - self.decode_s - self.search_s
+        other = self.total_s - self.encode_s - self.decode_s - self.arrange_s - self.search_s
         return {"encoder run": self.encode_s / total, "decoder run": self.decode_s / total, "search": self.search_s / total,
-                "batching and cache bookkeeping": other / total}  # fmt: skip
+                "cache moves (beam reorders, rows leaving)": self.arrange_s / total, "batching bookkeeping": other / total}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -249,18 +250,43 @@ class Engine:
         return {job.job_id for job in admitted}
 
     def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per row, in the order of `self.active`: source pool slot, source key (the job id), row continued (-1 = new), token fed."""
-        searchers = [job.searcher for job in self.active]
-        counts = [len(searcher.next_tokens) for searcher in searchers]  # type: ignore[union-attr]
-        slots = np.repeat(np.array([job.slot for job in self.active], dtype=np.int64), counts)
-        keys = np.repeat(np.array([job.job_id for job in self.active], dtype=np.int64), counts)
-        parents = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined else job.local_parents + job.previous_offset
-                                  for job, count in zip(self.active, counts, strict=True)])  # fmt: skip
-        tokens = np.concatenate([searcher.next_tokens for searcher in searchers])  # type: ignore[union-attr]
-        return slots, keys, parents, tokens.astype(np.int64, copy=False)
+        """Lay out the next call: per row, the source pool slot, source key (the job id), row continued (-1 = new), token fed.
+
+        Rows stay where they are: a row continues in its own place (greedy rows, the first beam
+        taking a parent), so nothing is copied for it. The rest (a second beam from one parent, a
+        new request, a row above the new top after others left) fill the holes below the top. A
+        leaving request thus costs a move of at most its own number of rows, not a slide of all
+        rows after it.
+        """
+        jobs = self.active
+        next_tokens = [job.searcher.next_tokens for job in jobs]  # type: ignore[union-attr]
+        counts = [len(tokens) for tokens in next_tokens]
+        rows = sum(counts)
+        origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined else job.row_ids[job.local_parents]
+                                 for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
+        place = np.full(rows, -1, dtype=np.int64)
+        continuing = np.flatnonzero(origin >= 0)
+        _, first = np.unique(origin[continuing], return_index=True)
+        stays = continuing[first]
+        stays = stays[origin[stays] < rows]
+        place[stays] = origin[stays]
+        taken = np.zeros(rows, dtype=bool)
+        taken[place[stays]] = True
+        place[place < 0] = np.flatnonzero(~taken)  # as many holes as rows without a place
+        parents = np.empty(rows, dtype=np.int64)
+        parents[place] = origin
+        tokens, slots, keys = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+        tokens[place] = np.concatenate(next_tokens)
+        slots[place] = np.repeat(np.array([job.slot for job in jobs], dtype=np.int64), counts)
+        keys[place] = np.repeat(np.array([job.job_id for job in jobs], dtype=np.int64), counts)
+        for job, row_ids in zip(jobs, np.split(place, np.cumsum(counts)[:-1]), strict=True):
+            job.row_ids = row_ids
+        return slots, keys, parents, tokens
 
     def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+        arranging = time.perf_counter()
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask)
+        self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = len(parents)
         if self.observer is not None:  # only the metrics read it
             self._last_padding = self._cache.padding_ratio()
@@ -270,44 +296,36 @@ class Engine:
         return log_probs
 
     def _advance(self, log_probs: np.ndarray) -> None:
-        # Row counts first: _advance_greedy already moves greedy searchers on (a finished one has no rows left).
-        row_counts = [len(job.searcher.next_tokens) for job in self.active]  # type: ignore[union-attr]
-        greedy = self._advance_greedy(log_probs, row_counts)
+        greedy = self._advance_greedy(log_probs)
         still_active = []
-        offset = 0
-        for job, rows in zip(self.active, row_counts, strict=True):
+        for job in self.active:
             searcher = job.searcher
             assert searcher is not None
-            local_parents = greedy[job.job_id] if job.job_id in greedy else searcher.advance(log_probs[offset : offset + rows])
+            local_parents = greedy[job.job_id] if job.job_id in greedy else searcher.advance(log_probs[job.row_ids])
             job.steps += 1
             if job.steps == 1:
                 job.first_token_at = time.perf_counter()
             if local_parents is None:
                 self._finish(job, Outcome.OK)
             else:
-                job.local_parents, job.previous_offset, job.rows = local_parents, offset, len(local_parents)
+                job.local_parents, job.rows = local_parents, len(local_parents)
                 if job.on_tokens is not None:
                     notify(job.on_tokens, job, searcher.next_tokens)
                 still_active.append(job)
-            offset += rows
         self.active = still_active
         if not self.active:
             self._cache.clear()
             self._reset_pool()
 
-    def _advance_greedy(self, log_probs: np.ndarray, row_counts: list[int]) -> dict[int, np.ndarray | None]:
+    def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
         """Plain greedy requests advance together: one argmax for all their rows instead of one call each."""
-        jobs, rows = [], []
-        offsets = np.cumsum([0, *row_counts[:-1]]).tolist()
-        for job, offset in zip(self.active, offsets, strict=True):
-            if isinstance(job.searcher, GreedySearch) and job.searcher.batchable:
-                jobs.append(job)
-                rows.append(offset)
+        jobs = [job for job in self.active if isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
         if not jobs:
             return {}
-        # All rows greedy (the common case): a view, not a copy of the (rows, V) array.
-        greedy_log_probs = log_probs[: len(rows)] if len(rows) == len(log_probs) else log_probs[rows]
-        results = advance_greedy([job.searcher for job in jobs], greedy_log_probs)  # type: ignore[misc]
+        rows = np.array([job.row_ids[0] for job in jobs], dtype=np.int64)
+        # Every row greedy and in order (the common case): a view, not a copy of the (rows, V) array.
+        in_order = len(rows) == len(log_probs) and bool((rows == np.arange(len(rows))).all())
+        results = advance_greedy([job.searcher for job in jobs], log_probs if in_order else log_probs[rows])  # type: ignore[misc]
         return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
 
     def _max_length(self, job: Job) -> int:
