@@ -155,3 +155,27 @@ def test_engine_streams_greedy_tokens_as_chosen(runtime: Runtime) -> None:
     # Every chosen token is streamed, except a final one that ends the request (EOS or the length limit).
     assert streamed == expected[: len(streamed)]
     assert len(expected) - len(streamed) <= 1
+
+
+def test_engine_rows_stay_in_place_and_a_leaving_request_moves_only_its_rows(runtime: Runtime, tiny_model_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Greedy rows in steady state copy nothing; when a request leaves, at most its own rows' worth move down."""
+    moved: list[int] = []
+    real_arrange = StepCache.arrange
+
+    def arrange(cache: StepCache, parents: np.ndarray, *args: object) -> None:
+        continuing = parents >= 0
+        moved.append(int((parents[continuing] != np.flatnonzero(continuing)).sum()))
+        real_arrange(cache, parents, *args)
+
+    monkeypatch.setattr(StepCache, "arrange", arrange)
+    engine = Engine(runtime)
+    short = SearchOptions(beam_size=1, min_output_tokens=3, max_output_tokens=3)
+    long = SearchOptions(beam_size=1, min_output_tokens=10, max_output_tokens=10)
+    plan = [(SOURCES[0], short), (SOURCES[1], long), (SOURCES[2], long), (SOURCES[3], long)]
+    jobs = [engine.submit(source, options) for source, options in plan]
+    run_until_done(engine, jobs)
+    # The first request (row 0) leaves after 3 tokens: one row (the top one) fills its place, once.
+    assert sum(moved) == 1 and moved.count(1) == 1
+    for job, (source, options) in zip(jobs, plan, strict=True):
+        assert_same(job, alone(tiny_model_dir, source, options))
