@@ -216,6 +216,15 @@ class Searcher:
 
     def _processed(self, log_probs: np.ndarray) -> np.ndarray:
         """(k, V) float64 row score + processed log-probs."""
+        if self.options.repetition_penalty == 1.0:
+            # Only bans (-inf) remain, which commute with adding the row score: one pass, float32 + float64
+            # adding in float64 exactly as the general path below does.
+            totals = log_probs + self.row_scores[:, None]
+            if self.processors:
+                for row, tokens in enumerate(self.rows):
+                    for process in self.processors:
+                        process(totals[row], tokens)
+            return totals
         totals = log_probs.astype(np.float64)  # a copy: the step's array is left untouched
         for row, tokens in enumerate(self.rows):
             for process in self.processors:
