@@ -101,3 +101,52 @@ def test_best_weights_ship_in_float16_and_load_as_float32(tiny_checkpoint: Path)
     model = load_checkpoint(tiny_checkpoint).model
     for name, parameter in model.state_dict().items():
         assert parameter.dtype == torch.float32 and torch.equal(parameter, stored[name].float()), name
+
+
+def test_train_restarts_from_the_best_weights_without_resume_state(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A fresh machine has only the shipped checkpoint: --resume continues from its best step with a fresh optimizer."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert train_main(train_args(tiny_corpus, out, 6)) == 0
+    shutil.rmtree(out / "last")
+    best_step = json.loads((out / "train.json").read_text())["best"]["step"]
+    assert train_main([*train_args(tiny_corpus, out, best_step + 4), "--resume", "--rewarmup-steps", "4", "--keep-snapshots", "2"]) == 0
+    assert f"restarting from the best weights at step {best_step}" in caplog.text
+    info = json.loads((out / "train.json").read_text())
+    assert info["steps"] == best_step + 4
+    curve = info["loss_curve"]
+    assert [point[0] for point in curve] == list(range(1, best_step + 5))
+    assert curve[best_step][1] < curve[0][1]  # the first step after the restart starts from trained weights
+    assert len(list((out / "snapshots").glob("step-*"))) <= 2
+
+
+def test_restart_scale_ramps_the_learning_rate_back_up() -> None:
+    from model.train import Progress, restart_scale
+
+    settings = TrainSettings(rewarmup_steps=4)
+    assert restart_scale(Progress(step=100), settings) == 1.0  # no restart: no ramp
+    ramp = [restart_scale(Progress(step=step, restart_step=100), settings) for step in range(100, 106)]
+    assert ramp == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_average_of_snapshots_is_their_mean(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from model.average import main as average_main
+    from model.checkpoint import save_weights
+
+    model = load_checkpoint(tiny_checkpoint).model
+    first, second = tmp_path / "a", tmp_path / "b"
+    for directory, shift in ((first, 0.0), (second, 0.5)):
+        directory.mkdir()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(shift)
+        save_weights(model, directory)
+    assert average_main([str(tiny_checkpoint), str(first), str(second), "--out", str(tmp_path / "avg")]) == 0
+    averaged = load_checkpoint(tmp_path / "avg")
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    for name, tensor in averaged.model.state_dict().items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(tensor, ((a[name] + b[name]) / 2).half().float(), rtol=0, atol=0)
+    assert averaged.train_info["averaged"] == ["a", "b"]
