@@ -55,9 +55,7 @@ class OrtStep:
         self.encoder = make_session(self.manifest.graph_path(model_dir, "encoder"), providers, threads)
         self.decoder = make_session(self.manifest.graph_path(model_dir, "decoder"), providers, threads)
         self.cross_names = self.manifest.output_names("encoder")
-        present_names = self.manifest.output_names("decoder")[1:]
-        self.cache = StepCache(self.decoder, config.n_heads, config.head_dim, config.vocab_size, config.max_positions,
-                               [name.replace("present_", "past_") for name in present_names], present_names, self.cross_names)  # fmt: skip
+        self.cache = StepCache(self.decoder, config, self.manifest.output_names("decoder")[1:], self.cross_names)
         self.cross: list[np.ndarray] = []
         self.src_mask = np.zeros((0, 0), dtype=bool)
 

@@ -4,7 +4,7 @@ Each row owns a slice of one preallocated buffer per cache tensor: its self-atte
 (slots [0, position)), its cross K/V and source mask. The buffers are bound to the decoder with
 IO binding, each present K/V to the same memory as its past, so a step appends one slot per row
 and copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues
-a different row (a beam reorder, or rows sliding down after a request left) copies that row's
+a different row (a second beam from one parent, a new or moved row filling a hole) copies that row's
 used slots; a row whose source changed copies the source's cross K/V from the caller's pool.
 Unchanged rows, the common case, cost nothing. Torch-free: the server imports it.
 """
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from model.config import ModelConfig
+
 INITIAL_ROWS = 8
 INITIAL_LENGTH = 16
 # An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
@@ -23,11 +25,12 @@ KEEP_BYTES = 64 << 20
 
 
 class StepCache:
-    def __init__(self, session: ort.InferenceSession, n_heads: int, head_dim: int, vocab_size: int, max_positions: int,
-                 past_names: Sequence[str], present_names: Sequence[str], cross_names: Sequence[str]) -> None:  # fmt: skip
+    def __init__(self, session: ort.InferenceSession, config: ModelConfig, present_names: Sequence[str], cross_names: Sequence[str]) -> None:
+        """present_names: the decoder's K/V outputs (each past input is named like it, past_ for present_)."""
         self.session = session
-        self.n_heads, self.head_dim, self.vocab_size, self.max_positions = n_heads, head_dim, vocab_size, max_positions
-        self.past_names, self.present_names, self.cross_names = list(past_names), list(present_names), list(cross_names)
+        self.n_heads, self.head_dim, self.vocab_size, self.max_positions = config.n_heads, config.head_dim, config.vocab_size, config.max_positions
+        self.present_names, self.cross_names = list(present_names), list(cross_names)
+        self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
         self.reset()
 
     def clear(self) -> None:

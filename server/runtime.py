@@ -40,7 +40,6 @@ class Runtime:
         self.provider = self.decoder.get_providers()[0]
         self.cross_names = list(self.manifest.output_names("encoder"))
         self.present_names = list(self.manifest.output_names("decoder")[1:])
-        self.past_names = [name.replace("present_", "past_") for name in self.present_names]
         self.settings = settings
         self.ready = False
 
@@ -50,9 +49,7 @@ class Runtime:
 
     def new_step_cache(self) -> StepCache:
         """Decoder rows and their caches, bound to this runtime's decoder session (export/step_cache.py)."""
-        config = self.config
-        return StepCache(self.decoder, config.n_heads, config.head_dim, config.vocab_size, config.max_positions,
-                         self.past_names, self.present_names, self.cross_names)  # fmt: skip
+        return StepCache(self.decoder, self.config, self.present_names, self.cross_names)
 
     def warm_up(self) -> float:
         """Run the largest configured shapes once, so the first request does not pay for allocation."""
