@@ -19,7 +19,8 @@ from model.config import ModelConfig
 logger = logging.getLogger(__name__)
 
 # 2: the decoder step keeps a per-row cache updated in place (export/decoder_graph.py); 1 had past_mask/cache_index.
-FORMAT_VERSION = 2
+# 3: the decoder step also returns beam-search candidates (TopK of the rows asked for).
+FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 # One closed tuple: nmt-export's --precision choices and manifest validation both read it.

@@ -55,7 +55,7 @@ class OrtStep:
         self.encoder = make_session(self.manifest.graph_path(model_dir, "encoder"), providers, threads)
         self.decoder = make_session(self.manifest.graph_path(model_dir, "decoder"), providers, threads)
         self.cross_names = self.manifest.output_names("encoder")
-        self.cache = StepCache(self.decoder, config, self.manifest.output_names("decoder")[1:], self.cross_names)
+        self.cache = StepCache(self.decoder, config, self.cross_names)
         self.cross: list[np.ndarray] = []
         self.src_mask = np.zeros((0, 0), dtype=bool)
 

@@ -6,7 +6,9 @@ IO binding, each present K/V to the same memory as its past, so a step appends o
 and copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues
 a different row (a second beam from one parent, a new or moved row filling a hole) copies that row's
 used slots; a row whose source changed copies the source's cross K/V from the caller's pool.
-Unchanged rows, the common case, cost nothing. Torch-free: the server imports it.
+Unchanged rows, the common case, cost nothing. `arrange` also names the rows beam search wants
+candidates for (the graph's in-graph TopK); `candidates` reads them after `run`.
+Torch-free: the server imports it.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import onnxruntime as ort
 from model.config import ModelConfig
 
 INITIAL_ROWS = 8
+MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)
 INITIAL_LENGTH = 16
 # An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
 KEEP_BYTES = 64 << 20
 
 
 class StepCache:
-    def __init__(self, session: ort.InferenceSession, config: ModelConfig, present_names: Sequence[str], cross_names: Sequence[str]) -> None:
-        """present_names: the decoder's K/V outputs (each past input is named like it, past_ for present_)."""
+    def __init__(self, session: ort.InferenceSession, config: ModelConfig, cross_names: Sequence[str]) -> None:
+        """session: the decoder step; its present_* outputs are the K/V caches, each read from the past_* input named like it."""
         self.session = session
         self.n_heads, self.head_dim, self.vocab_size, self.max_positions = config.n_heads, config.head_dim, config.vocab_size, config.max_positions
-        self.present_names, self.cross_names = list(present_names), list(cross_names)
+        self.present_names = [output.name for output in session.get_outputs() if output.name.startswith("present_")]
+        self.cross_names = list(cross_names)
         self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
         self.reset()
 
@@ -52,8 +56,14 @@ class StepCache:
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
         self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a row holds; -1 = none
         self._log_probs = np.zeros((0, self.vocab_size), dtype=np.float32)
+        self._candidate_rows = np.zeros(0, dtype=np.int64)
+        self._candidate_count = np.zeros(1, dtype=np.int64)
+        self._candidate_log_probs = np.zeros(0, dtype=np.float32)  # flat: (n, count) views of the front
+        self._candidate_ids = np.zeros(0, dtype=np.int64)
         self._binding: ort.IOBinding | None = None
         self._bound_rows = -1
+        self._bound_candidates = (-1, -1)
+        self._wanted = (0, 0)  # (candidate rows, candidates per row) of the arranged call
 
     @property
     def capacity(self) -> tuple[int, int, int]:
@@ -71,11 +81,13 @@ class StepCache:
         return 1.0 - float(mask.mean()) if mask.size else 0.0
 
     def arrange(self, parents: np.ndarray, tgt_ids: np.ndarray, source_keys: np.ndarray, source_slots: np.ndarray,
-                pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:  # fmt: skip
+                pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray, candidate_rows: np.ndarray | None = None,
+                candidate_count: int = 0) -> None:  # fmt: skip
         """Lay out the next call: row j feeds tgt_ids[j] and continues row parents[j] of the last call
         (-1: a new row at position 0); its source is pool slot source_slots[j], which holds the source
         named source_keys[j] (a key unique while the source is in use: a reused slot gets a new key).
         pool_cross: encoder K/V per layer (slots, H, S, Dh); pool_mask (slots, S).
+        candidate_rows: rows (of this call) whose best `candidate_count` log-probs `candidates` returns.
         """
         parents = np.asarray(parents, dtype=np.int64)
         rows = len(parents)
@@ -101,12 +113,37 @@ class StepCache:
         self._positions[:rows] = positions
         self._tgt_ids[:rows, 0] = tgt_ids
         self.rows = rows
+        self._arrange_candidates(candidate_rows, candidate_count)
+
+    def _arrange_candidates(self, candidate_rows: np.ndarray | None, count: int) -> None:
+        wanted = 0 if candidate_rows is None or count <= 0 else len(candidate_rows)
+        if wanted and not 0 < count <= min(MAX_CANDIDATES, self.vocab_size):
+            raise ValueError(f"candidate_count must be between 1 and {min(MAX_CANDIDATES, self.vocab_size)}, got {count}")
+        count = count if wanted else 0
+        if wanted > len(self._candidate_rows):  # grows with the row buffers' capacity, never per step
+            size = max(wanted, self._positions.shape[0])
+            self._candidate_rows = np.zeros(size, dtype=np.int64)
+            self._candidate_log_probs = np.zeros(size * MAX_CANDIDATES, dtype=np.float32)
+            self._candidate_ids = np.zeros(size * MAX_CANDIDATES, dtype=np.int64)
+            self._bound_candidates = (-1, -1)
+        if wanted:
+            self._candidate_rows[:wanted] = candidate_rows
+        self._candidate_count[0] = count
+        self._wanted = (wanted, count)
+
+    def candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """After `run`: (log-probs, token ids), each (len(candidate_rows), candidate_count), best first per row."""
+        wanted, count = self._wanted
+        size = wanted * count
+        return self._candidate_log_probs[:size].reshape(wanted, count), self._candidate_ids[:size].reshape(wanted, count)
 
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
         if self._bound_rows != self.rows or self._binding is None:
             self._bind()
-        self.session.run_with_iobinding(self._binding)
+        if self._bound_candidates != self._wanted:
+            self._bind_candidates()
+        self.session.run_with_iobinding(self._binding)  # type: ignore[arg-type]
         self._positions[: self.rows] += 1
         return self._log_probs[: self.rows]
 
@@ -171,4 +208,16 @@ class StepCache:
         for name, buffer in zip(self.cross_names, self._cross, strict=True):
             bind(name, buffer[:rows])
         bind("log_probs", self._log_probs[:rows], output=True)
-        self._binding, self._bound_rows = binding, rows
+        self._binding, self._bound_rows, self._bound_candidates = binding, rows, (-1, -1)
+
+    def _bind_candidates(self) -> None:
+        """Rebind only the candidate tensors (their shapes change with the beam rows, the rest does not)."""
+        binding = self._binding
+        assert binding is not None
+        wanted, count = self._wanted
+        values, ids = self.candidates()
+        binding.bind_input("candidate_rows", "cpu", 0, np.int64, [wanted], self._candidate_rows.ctypes.data)
+        binding.bind_input("candidate_count", "cpu", 0, np.int64, [1], self._candidate_count.ctypes.data)
+        binding.bind_output("candidate_log_probs", "cpu", 0, np.float32, list(values.shape), values.ctypes.data)
+        binding.bind_output("candidate_ids", "cpu", 0, np.int64, list(ids.shape), ids.ctypes.data)
+        self._bound_candidates = self._wanted

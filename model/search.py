@@ -320,18 +320,52 @@ class BeamSearch(Searcher):
     """K rows; 2K candidates per step so finished hypotheses do not starve the beam."""
 
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
-        beam_size = self.options.beam_size
         totals = self._processed(log_probs)
-        rows, tokens = top_candidates(totals, 2 * beam_size)
+        rows, tokens = top_candidates(totals, 2 * self.options.beam_size)
+        return self._walk(rows.tolist(), tokens.tolist(), totals[rows, tokens].tolist())
+
+    @property
+    def candidates_needed(self) -> int:
+        """Per row, how many best log-probs `advance_candidates` needs this step; 0 = it needs `advance`.
+
+        The union of each row's 2K best holds the request's 2K best (a row adds the same score to
+        all its tokens), and one more per row covers an EOS the min-length ban removes. Processors
+        that edit arbitrary tokens (repetition penalty, n-gram bans) and forced prefixes need all V.
+        """
+        options = self.options
+        if options.repetition_penalty != 1.0 or options.no_repeat_ngram_size > 0 or len(self.rows[0]) < len(options.target_prefix):
+            return 0
+        return 2 * options.beam_size + (len(self.rows[0]) < options.min_output_tokens)
+
+    def advance_candidates(self, log_probs: np.ndarray, token_ids: np.ndarray) -> np.ndarray | None:
+        """`advance` from each row's best log-probs only: (k, >= candidates_needed) values and their token
+        ids, best first, ties to the lower id (ONNX TopK). Returns exactly what `advance` would."""
+        if self.done:
+            raise RuntimeError("advance_candidates() called on a finished searcher")
+        needed = self.candidates_needed
+        if needed == 0 or log_probs.shape[0] != len(self.rows) or log_probs.shape[1] < needed:
+            raise ValueError(f"need {needed} candidates for each of {len(self.rows)} rows, got {log_probs.shape}")
+        values, tokens = log_probs[:, :needed], token_ids[:, :needed]
+        totals = values + self.row_scores[:, None]  # float32 + float64, as _processed adds them
+        if len(self.rows[0]) < self.options.min_output_tokens:
+            totals[tokens == self.eos_id] = -np.inf
+        rows = np.repeat(np.arange(len(self.rows)), needed)
+        flat_tokens, flat_totals = tokens.ravel(), totals.ravel()
+        order = np.lexsort((rows, flat_tokens, -flat_totals))[: 2 * self.options.beam_size]  # as top_candidates orders
+        return self._extend(self._walk(rows[order].tolist(), flat_tokens[order].tolist(), flat_totals[order].tolist()))
+
+    def _walk(self, rows: list[int], tokens: list[int], scores: list[float]) -> list[tuple[int, int, float]]:
+        """The 2K best candidates, best first -> this step's choices (module docstring: fairseq style)."""
+        beam_size = self.options.beam_size
         choices: list[tuple[int, int, float]] = []
         num_eos = num_live = 0
-        for rank, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist(), strict=True)):
+        for rank, (row, token, score) in enumerate(zip(rows, tokens, scores, strict=True)):
             if token == self.eos_id:
                 if rank < beam_size and len(self.finished) + num_eos < beam_size:
-                    choices.append((row, token, float(totals[row, token])))
+                    choices.append((row, token, score))
                     num_eos += 1
             elif num_live < beam_size:
-                choices.append((row, token, float(totals[row, token])))
+                choices.append((row, token, score))
                 num_live += 1
         return choices
 

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from model.padding import pad_sources
-from model.search import GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
+from model.search import BeamSearch, GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
 from server.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -179,8 +179,9 @@ class Engine:
             self._reset_pool()
             return
         slots, keys, parents, tgt_ids = self._row_inputs(joined)
+        candidate_jobs, candidate_rows, candidate_count = self._candidate_rows()
         try:
-            log_probs = self._run_decoder(slots, keys, parents, tgt_ids)
+            log_probs = self._run_decoder(slots, keys, parents, tgt_ids, candidate_rows, candidate_count)
         except Exception as error:  # a failed run fails the requests in it, not the engine
             logger.exception("decoder step failed for %d requests", len(self.active))
             if self.observer is not None:
@@ -191,7 +192,7 @@ class Engine:
             self._reset_cache()
             return
         searched = time.perf_counter()
-        self._advance(log_probs)
+        self._advance(log_probs, candidate_jobs)
         self.profile.search_s += time.perf_counter() - searched
 
     def _drop_leaving(self, now: float) -> None:
@@ -283,9 +284,26 @@ class Engine:
             job.row_ids = row_ids
         return slots, keys, parents, tokens
 
-    def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+    def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
+        """Beam requests that can advance from each row's best log-probs (the graph's TopK) instead of all V:
+        {job id: (first, end) in the candidate rows}, the candidate rows, candidates per row."""
+        spans: dict[int, tuple[int, int]] = {}
+        row_ids: list[np.ndarray] = []
+        count = filled = 0
+        for job in self.active:
+            needed = job.searcher.candidates_needed if isinstance(job.searcher, BeamSearch) else 0
+            if needed:
+                spans[job.job_id] = (filled, filled + len(job.row_ids))
+                filled += len(job.row_ids)
+                row_ids.append(job.row_ids)
+                count = max(count, needed)
+        rows = np.concatenate(row_ids) if row_ids else np.zeros(0, dtype=np.int64)
+        return spans, rows, count
+
+    def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
+                     candidate_rows: np.ndarray, candidate_count: int) -> np.ndarray:  # fmt: skip
         arranging = time.perf_counter()
-        self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask)
+        self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask, candidate_rows, candidate_count)
         self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = len(parents)
         if self.observer is not None:  # only the metrics read it
@@ -295,13 +313,20 @@ class Engine:
         self.profile.decode_s += time.perf_counter() - decoding
         return log_probs
 
-    def _advance(self, log_probs: np.ndarray) -> None:
+    def _advance(self, log_probs: np.ndarray, candidate_jobs: dict[int, tuple[int, int]]) -> None:
         greedy = self._advance_greedy(log_probs)
+        candidate_log_probs, candidate_ids = self._cache.candidates()
         still_active = []
         for job in self.active:
             searcher = job.searcher
             assert searcher is not None
-            local_parents = greedy[job.job_id] if job.job_id in greedy else searcher.advance(log_probs[job.row_ids])
+            if job.job_id in greedy:
+                local_parents = greedy[job.job_id]
+            elif job.job_id in candidate_jobs:
+                first, end = candidate_jobs[job.job_id]
+                local_parents = searcher.advance_candidates(candidate_log_probs[first:end], candidate_ids[first:end])  # type: ignore[attr-defined]
+            else:
+                local_parents = searcher.advance(log_probs[job.row_ids])
             job.steps += 1
             if job.steps == 1:
                 job.first_token_at = time.perf_counter()

@@ -39,7 +39,6 @@ class Runtime:
         self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads)
         self.provider = self.decoder.get_providers()[0]
         self.cross_names = list(self.manifest.output_names("encoder"))
-        self.present_names = list(self.manifest.output_names("decoder")[1:])
         self.settings = settings
         self.ready = False
 
@@ -49,7 +48,7 @@ class Runtime:
 
     def new_step_cache(self) -> StepCache:
         """Decoder rows and their caches, bound to this runtime's decoder session (export/step_cache.py)."""
-        return StepCache(self.decoder, self.config, self.present_names, self.cross_names)
+        return StepCache(self.decoder, self.config, self.cross_names)
 
     def warm_up(self) -> float:
         """Run the largest configured shapes once, so the first request does not pay for allocation."""

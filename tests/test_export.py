@@ -102,6 +102,25 @@ def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
         assert np.abs(buffer[:2, :, 1]).sum() > 0 and not old[:2, :, 1].any()  # slot 1 written by the step
 
 
+def test_export_decoder_returns_the_asked_rows_best_candidates(fp32_dir: Path) -> None:
+    """The in-graph TopK equals a stable sort of log_probs for the rows asked, and asks for nothing when none are named."""
+    ort_step = OrtStep(fp32_dir)
+    ort_step.begin([[5, 6, 7], [8, 9]])
+    cache = ort_step.cache
+    sources = np.array([0, 1, 1, 0])
+    cache.arrange(np.full(4, -1), np.array([1, 1, 1, 1]), sources, sources, ort_step.cross, ort_step.src_mask, np.array([3, 1]), 5)
+    log_probs = cache.run()
+    values, ids = cache.candidates()
+    expected_ids = np.argsort(-log_probs[[3, 1]], axis=1, kind="stable")[:, :5]
+    assert ids.tolist() == expected_ids.tolist()
+    assert np.array_equal(values, np.take_along_axis(log_probs[[3, 1]], expected_ids, axis=1))
+    cache.arrange(np.arange(4), np.array([9, 9, 9, 9]), sources, sources, ort_step.cross, ort_step.src_mask)
+    cache.run()
+    assert [part.shape for part in cache.candidates()] == [(0, 0), (0, 0)]
+    with pytest.raises(ValueError, match="candidate_count must be between 1 and"):
+        cache.arrange(np.arange(4), np.array([9, 9, 9, 9]), sources, sources, ort_step.cross, ort_step.src_mask, np.array([0]), 100)
+
+
 def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) -> None:
     manifest = load_model_dir(variant_dir)
     graph = onnx.load(str(variant_dir / "decoder.onnx")).graph
@@ -110,8 +129,8 @@ def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) ->
     else:
         assert manifest.precision == "fp16"
         assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in graph.initializer)
-        # fp32 in and out, so the caller never handles fp16
-        assert {spec.dtype for spec in manifest.graph("decoder").outputs} == {"float32"}
+        # fp32 in and out, so the caller never handles fp16 (token ids stay int64)
+        assert {spec.dtype for spec in manifest.graph("decoder").outputs if spec.name != "candidate_ids"} == {"float32"}
     assert manifest.parity["tensors"]["max_abs_log_prob_diff"] < 0.1
     search = manifest.parity["search"]
     assert {"greedy", "beam4"} <= set(search)

@@ -386,3 +386,43 @@ def test_top_candidates_equals_a_full_sort(seed: int) -> None:
     expected = sorted(((row, token) for row in range(k) for token in range(vocab)), key=lambda rt: (-totals[rt], rt[1], rt[0]))[:count]
     rows, tokens = top_candidates(totals, count)
     assert list(zip(rows.tolist(), tokens.tolist(), strict=True)) == expected
+
+
+def onnx_top_k(log_probs: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ONNX TopK(largest, sorted) returns per row: best first, equal values to the lower index."""
+    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :count]
+    return np.take_along_axis(log_probs, ids, axis=1), ids
+
+
+@pytest.mark.parametrize("beam_size", [2, 4, 5])
+def test_beam_advance_from_candidates_equals_advance_from_all_log_probs(beam_size: int) -> None:
+    rng = np.random.default_rng(beam_size)
+    options = SearchOptions(beam_size=beam_size, num_hypotheses=2, max_output_tokens=12, min_output_tokens=3)
+    full = make_searcher(options, 5, BOS, EOS, 64)
+    from_candidates = copy.deepcopy(full)
+    while not full.done:
+        rows = len(full.rows)
+        log_probs = np.log(rng.dirichlet(np.full(16, 0.3), size=rows)).astype(np.float32)
+        log_probs[:, EOS] += 1.0  # EOS often among the best, so the min-length ban and finishing both happen
+        log_probs[:, 7] = log_probs[:, 9] = log_probs.max(axis=1)  # exact ties inside a row: the lower id first
+        if rows > 1:
+            log_probs[1] = log_probs[0]  # identical rows: ties across rows go by token, then row
+        needed = from_candidates.candidates_needed  # type: ignore[attr-defined]
+        assert needed == 2 * beam_size + (len(full.rows[0]) < options.min_output_tokens)
+        values, ids = onnx_top_k(log_probs, needed + 1)  # the engine may hand over more than needed
+        expected = full.advance(log_probs)
+        got = from_candidates.advance_candidates(values, ids)  # type: ignore[attr-defined]
+        assert (expected is None) == (got is None)
+        if expected is not None:
+            assert expected.tolist() == got.tolist()
+        assert full.rows == from_candidates.rows and full.row_scores.tolist() == from_candidates.row_scores.tolist()
+    assert from_candidates.done and full.hypotheses() == from_candidates.hypotheses()
+
+
+@pytest.mark.parametrize("options", [SearchOptions(beam_size=4, repetition_penalty=1.2), SearchOptions(beam_size=4, no_repeat_ngram_size=2),
+                                     SearchOptions(beam_size=4, target_prefix=(5,))])  # fmt: skip
+def test_beam_needs_all_log_probs_when_a_processor_edits_any_token_or_a_prefix_is_forced(options: SearchOptions) -> None:
+    searcher = make_searcher(options, 5, BOS, EOS, 64)
+    assert searcher.candidates_needed == 0  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="need 0 candidates"):
+        searcher.advance_candidates(np.zeros((1, 8), dtype=np.float32), np.zeros((1, 8), dtype=np.int64))  # type: ignore[attr-defined]
