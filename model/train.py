@@ -155,14 +155,16 @@ class Trainer:
         logger.info("resumed at step %d (epoch %d, batch %d)", self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
     def restart_from_best(self, record: dict[str, Any]) -> None:
-        """Continue from the shipped best weights when last/ is gone (a fresh machine): not exact.
+        """Continue from the checkpoint's weights when last/ is gone (a fresh machine): not exact.
 
         The optimizer starts empty (the LR ramps up again over `rewarmup_steps`), and the data
         order continues at the start of the epoch after the recorded one.
         """
         self.model.load_state_dict({name: tensor.float() for name, tensor in load_file(str(self.out / WEIGHTS_FILE)).items()})
         best = record.get("best", {})
-        step = int(best.get("step", record.get("steps", 0)))
+        # Shipped weights (train.json "shipped", say a mean of the last snapshots) come from the whole
+        # run, so it continues from its last step; otherwise the weights are the best step's.
+        step = int(record.get("steps", 0)) if "shipped" in record else int(best.get("step", record.get("steps", 0)))
         self.progress = Progress(
             step=step,
             epoch=int(record.get("epochs", 0)) + 1,

@@ -122,6 +122,23 @@ def test_train_restarts_from_the_best_weights_without_resume_state(tiny_corpus: 
     assert len(list((out / "snapshots").glob("step-*"))) <= 2
 
 
+def test_train_restart_from_shipped_weights_continues_from_the_last_step(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """Shipped weights (an average of the last snapshots) are not the best step's: the run goes on from its last step."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert train_main(train_args(tiny_corpus, out, 6)) == 0
+    shutil.rmtree(out / "last")
+    info = json.loads((out / "train.json").read_text())
+    info["best"]["step"] = 3
+    info["shipped"] = {"version": "step-6-avg2"}
+    (out / "train.json").write_text(json.dumps(info))
+    assert train_main([*train_args(tiny_corpus, out, 8), "--resume", "--rewarmup-steps", "2"]) == 0
+    assert "restarting from the best weights at step 6" in caplog.text
+    assert [point[0] for point in json.loads((out / "train.json").read_text())["loss_curve"]] == list(range(1, 9))
+
+
 def test_restart_scale_ramps_the_learning_rate_back_up() -> None:
     from model.train import Progress, restart_scale
 
