@@ -38,7 +38,6 @@ from export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finis
 from export.graphs import encoder_output_names, kv_names, past_names, present_names
 from model.transformer import DecoderLayer, Transformer
 
-DECODER_INPUTS = ["tgt_ids", "positions", "src_mask"]
 CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]
 CANDIDATE_OUTPUTS = ["candidate_log_probs", "candidate_ids"]
 
