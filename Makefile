@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus protos
+.PHONY: install test serve corpus corpus-packages protos
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
@@ -17,9 +17,13 @@ serve:
 	$(PIP) install -q -e '.[serve]'
 	$(PYTHON) -m server.main $(SERVE_ARGS)
 
-# The real German->English corpus (needs the Debian package trans-de-en).
+# The real German->English corpus (needs the Debian package trans-de-en; `make corpus-packages`
+# installs it with the packages whose catalogs the shipped model was trained on).
 corpus: install
 	nmt-corpus --out data/corpus
+
+corpus-packages:
+	apt-get install -y $$(grep -v '^#' scripts/corpus_packages.txt)
 
 # Regenerate the committed gRPC code after editing a .proto (tests fail while it is stale).
 protos:

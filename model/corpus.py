@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 DEFAULT_DING = "/usr/share/trans/de-en"
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
+# Games keep their catalogs under their own data directory (wesnoth, widelands); their story and
+# help texts are whole sentences, closer to the held-out Ding sentences than UI labels are.
+GAME_LOCALE_GLOBS = ("/usr/share/games/*/locale", "/usr/share/games/*/*/locale", "/usr/share/games/*/*/*/locale")
 MAX_CHARS = 250
 MAX_RATIO = 3.0
 RATIO_MIN_CHARS = 10  # short strings ("OK" -> "Okay") vary too much in length to judge by ratio
@@ -41,6 +44,8 @@ _PRINTF_RE = re.compile(r"%(\d+\$)?[-+ #0']*(\d+|\*)?(\.\d+)?[hlLqjzt]*[a-zA-Z%@
 _BRACE_RE = re.compile(r"\{[\w.:!-]*\}|\$\{?[A-Za-z_]\w*\}?")
 _MARKUP_RE = re.compile(r"<[^>]*>|&\w+;")
 _ACCEL_RE = re.compile(r"[_&](?=\w)")
+# Disambiguation written into the string itself: wesnoth's "context^Text", freeciv's "?qualifier:Text".
+_INLINE_CONTEXT_RE = re.compile(r"^(\?[\w ]+:|[A-Za-z_]*\^)")
 _SPACE_RE = re.compile(r"\s+")
 
 
@@ -194,17 +199,23 @@ def clean_gettext_string(text: str) -> str | None:
         return None
     if _PRINTF_RE.search(text) or _BRACE_RE.search(text) or _MARKUP_RE.search(text):
         return None
-    text = normalize_text(_ACCEL_RE.sub("", text))
+    text = normalize_text(_ACCEL_RE.sub("", _INLINE_CONTEXT_RE.sub("", text)))
     letters = sum(c.isalpha() for c in text)
     if letters < max(2, len(text) / 2):  # paths, numbers, symbols are not translations
         return None
     return text
 
 
-def read_gettext(locale_dir: str, counts: Counts) -> tuple[list[Pair], list[str]]:
-    """German (msgstr) / English (msgid) pairs from every de and de_* catalog under locale_dir."""
-    paths = sorted(glob.glob(os.path.join(locale_dir, "de", "LC_MESSAGES", "*.mo"))
-                   + glob.glob(os.path.join(locale_dir, "de_*", "LC_MESSAGES", "*.mo")))
+def default_locale_dirs() -> list[str]:
+    """/usr/share/locale and every game's locale root that is installed."""
+    return [DEFAULT_LOCALE_DIR] + sorted({path for pattern in GAME_LOCALE_GLOBS for path in glob.glob(pattern)})
+
+
+def read_gettext(locale_dirs: list[str], counts: Counts) -> tuple[list[Pair], list[str]]:
+    """German (msgstr) / English (msgid) pairs from every de and de_* catalog under each locale dir."""
+    paths = sorted(path for locale_dir in locale_dirs
+                   for pattern in (("de", "LC_MESSAGES", "*.mo"), ("de_*", "LC_MESSAGES", "*.mo"))
+                   for path in glob.glob(os.path.join(locale_dir, *pattern)))
     pairs: list[Pair] = []
     for path in paths:
         try:
@@ -315,7 +326,8 @@ def build_corpus(args: argparse.Namespace) -> dict:
     """Run the whole pipeline and write the TSVs plus corpus.json; returns the report."""
     counts = Counts()
     sentences, phrases, ding_version = read_ding(args.ding, counts)
-    gettext_pairs, catalogs = read_gettext(args.locale_dir, counts)
+    locale_dirs = args.locale_dir or default_locale_dirs()
+    gettext_pairs, catalogs = read_gettext(locale_dirs, counts)
     seen: set[Pair] = set()
     sources = {"ding_sentences": len(sentences), "ding_phrases": len(phrases), "gettext_pairs": len(gettext_pairs)}
     # Sentences are cleaned first so the held-out sets never depend on the gettext catalogs present.
@@ -335,7 +347,7 @@ def build_corpus(args: argparse.Namespace) -> dict:
             "ding_path": os.path.abspath(args.ding),
             "ding_version": ding_version,
             "trans_de_en_package_version": _package_version("trans-de-en"),
-            "locale_dir": os.path.abspath(args.locale_dir),
+            "locale_dirs": [os.path.abspath(path) for path in locale_dirs],
             "gettext_catalogs": catalogs,
             "seed": args.seed,
         },
@@ -356,7 +368,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nmt-corpus", description=__doc__)
     parser.add_argument("--out", required=True, help="output directory for train/valid/test.tsv")
     parser.add_argument("--ding", default=DEFAULT_DING, help="Ding de-en dictionary file")
-    parser.add_argument("--locale-dir", default=DEFAULT_LOCALE_DIR, help="root of de/LC_MESSAGES/*.mo")
+    parser.add_argument("--locale-dir", action="append", default=None,
+                        help="a root of de/LC_MESSAGES/*.mo; repeat for several "
+                             f"(default: {DEFAULT_LOCALE_DIR} and the games' locale roots under /usr/share/games)")
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--valid-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1234)

@@ -10,6 +10,7 @@ import pytest
 
 from model.corpus import (
     Counts,
+    clean_gettext_string,
     clean_pairs,
     extract_sub_entry,
     is_sentence,
@@ -145,9 +146,16 @@ def test_read_gettext_filters_placeholders_and_accelerators(tmp_path: Path) -> N
         ("12:30 / 45", "12:30 / 45"),
     ])
     counts = Counts()
-    pairs, catalogs = read_gettext(str(tmp_path), counts)
+    pairs, catalogs = read_gettext([str(tmp_path)], counts)
     assert pairs == [("Datei öffnen", "Open File")]
     assert len(catalogs) == 1 and counts.gettext["entries_filtered"] == 6
+
+
+def test_clean_gettext_string_drops_inline_contexts() -> None:
+    assert clean_gettext_string("addontype^Scenario") == "Scenario"
+    assert clean_gettext_string("^Quit") == "Quit"
+    assert clean_gettext_string("?plural:Werewolves") == "Werewolves"
+    assert clean_gettext_string("Is it 3^2? Yes: nine.") == "Is it 3^2? Yes: nine."
 
 
 def test_clean_pairs_rules_and_dedup() -> None:
@@ -188,6 +196,19 @@ def test_main_test_split_ignores_gettext(inputs: tuple[Path, Path], tmp_path: Pa
     assert run_main(*inputs, tmp_path / "a") == 0
     assert run_main(ding, tmp_path / "no-locale", tmp_path / "b") == 0
     assert (tmp_path / "a" / "test.tsv").read_bytes() == (tmp_path / "b" / "test.tsv").read_bytes()
+
+
+def test_main_reads_every_locale_root_given(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    ding, locale = inputs
+    game = tmp_path / "game-locale"
+    write_mo(game / "de" / "LC_MESSAGES" / "story.mo", [("The dragon sleeps in the cave.", "Der Drache schläft in der Höhle.")])
+    out = tmp_path / "out"
+    assert main(["--out", str(out), "--ding", str(ding), "--locale-dir", str(locale), "--locale-dir", str(game),
+                 "--test-size", "5", "--valid-size", "5"]) == 0
+    report = json.loads((out / "corpus.json").read_text(encoding="utf-8"))
+    assert report["inputs"]["locale_dirs"] == [str(locale), str(game)]
+    assert report["sources"]["gettext_catalogs"] == 3
+    assert "Der Drache schläft in der Höhle.\tThe dragon sleeps in the cave." in (out / "train.tsv").read_text(encoding="utf-8")
 
 
 def test_main_missing_ding_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
