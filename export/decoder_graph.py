@@ -5,14 +5,20 @@ and a concat of the whole cache per layer), and at serving batch sizes a step is
 per-node cost and those copies (bench/results/engine.md). Written directly, a decoder layer is
 one QKV MatMul, `com.microsoft.GroupQueryAttention` (with as many K/V heads as query heads,
 that is plain multi-head attention) over a self-attention cache that is updated in place, a
-`com.microsoft.MultiHeadAttention` over the cross K/V, three Add + LayerNormalization (post-LN)
-and the FFN: ~70 nodes in all. Parity against the PyTorch model checks it (export/parity.py).
+`com.microsoft.MultiHeadAttention` over each source's cross K/V with the rows reading that source
+as its queries (two Gathers map rows to sources and back), three Add + LayerNormalization
+(post-LN) and the FFN: 94 nodes for the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
 
 Contract (DESIGN section 4, revised): every row carries its own cache, so rows at different
 positions share a call without a past mask or padding.
   tgt_ids    [rows, 1] int64   the token fed
   positions  [rows] int64      its position = how many tokens the row has cached already
-  src_mask   [rows, src_len] bool, and cross K/V per layer [rows, H, src_len, Dh]
+  src_mask   [sources, src_len] bool, and cross K/V per layer [sources, H, src_len, Dh]: each
+  source once, however many rows read it
+  source_queries [sources, queries] int64: the rows reading each source (a source read by fewer
+  rows than `queries` repeats one of them; that result is dropped)
+  row_queries [rows] int64: where each row's cross-attention result is in the flattened
+  [sources * queries] output (source * queries + its place among the source's rows)
   past K/V per layer [rows, H, capacity, Dh]: slots [0, position) of a row are its past;
   the step writes slot `position` and reads slots [0, position]. Bind each present K/V to the
   same buffer as its past (IO binding) and the cache grows in place; without binding, ONNX
@@ -38,6 +44,7 @@ from export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finis
 from export.graphs import encoder_output_names, kv_names, past_names, present_names
 from model.transformer import DecoderLayer, Transformer
 
+SOURCE_INPUTS = ["source_queries", "row_queries"]
 CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]
 CANDIDATE_OUTPUTS = ["candidate_log_probs", "candidate_ids"]
 
@@ -55,11 +62,15 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_h
                         CONTRIB_DOMAIN, (present_key, present_value), num_heads=n_heads, kv_num_heads=n_heads, scale=scale)  # fmt: skip
     out = graph.linear(attended, to_numpy(attn.out_proj.weight), None, f"{name}.self_out")
     x = add_and_norm(graph, out, x, to_numpy(attn.out_proj.bias), layer.norm1, f"{name}.norm1")
-    # Cross-attention over the encoder's K/V, already split into heads ([rows, H, S, Dh]).
+    # Cross-attention per source, not per row: the rows reading one source (a beam's K rows) are
+    # that source's queries, so its K/V ([sources, H, S, Dh]) are read once per step, not K times.
     query = graph.linear(x, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
+    queries = graph.op("Gather", [graph.op("Reshape", [query, "flat_rows_shape"], f"{name}.cross_q_flat"), "source_queries"], f"{name}.cross_q_by_source")
     cross_key, cross_value = kv_names("cross", index)
-    attended = graph.op("MultiHeadAttention", [query, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
+    attended = graph.op("MultiHeadAttention", [queries, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
                         num_heads=n_heads, scale=scale)  # fmt: skip
+    by_row = graph.op("Gather", [graph.op("Reshape", [attended, "flat_rows_shape"], f"{name}.cross_attn_flat"), "row_queries"], f"{name}.cross_attn_by_row")
+    attended = graph.op("Reshape", [by_row, "rows_shape"], f"{name}.cross_attn_rows")
     out = graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out")
     x = add_and_norm(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
     hidden = graph.op("Relu", [graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up")], f"{name}.relu")
@@ -80,6 +91,8 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     longest = graph.op("ReduceMax", ["positions"], "longest_position", keepdims=0)
     graph.op("Cast", [graph.op("Add", [longest, graph.constant("one", np.array(1, np.int64))], "total_length_int64")], "total_sequence_length", to=TensorProto.INT32)
     graph.op("Cast", ["src_mask"], "src_mask_int", to=TensorProto.INT32)
+    graph.constant("flat_rows_shape", np.array([-1, config.d_model], np.int64))
+    graph.constant("rows_shape", np.array([-1, 1, config.d_model], np.int64))
     for index, layer in enumerate(model.decoder_layers):
         x = write_layer(graph, layer, index, x, config.n_heads, config.head_dim)
     hidden = graph.op("Squeeze", [x, "axis_1"], "hidden")
@@ -97,9 +110,10 @@ def decoder_inputs(model: Transformer) -> list[onnx.ValueInfoProto]:
     heads, head_dim, n_layers = config.n_heads, config.head_dim, config.n_decoder_layers
     value = helper.make_tensor_value_info
     inputs = [value("tgt_ids", TensorProto.INT64, ["rows", 1]), value("positions", TensorProto.INT64, ["rows"]),
-              value("src_mask", TensorProto.BOOL, ["rows", "src_len"])]  # fmt: skip
+              value("src_mask", TensorProto.BOOL, ["sources", "src_len"]),
+              value(SOURCE_INPUTS[0], TensorProto.INT64, ["sources", "queries"]), value(SOURCE_INPUTS[1], TensorProto.INT64, ["rows"])]  # fmt: skip
     inputs += [value(name, TensorProto.FLOAT, ["rows", heads, "capacity", head_dim]) for name in past_names(n_layers)]
-    inputs += [value(name, TensorProto.FLOAT, ["rows", heads, "src_len", head_dim]) for name in encoder_output_names(n_layers)]
+    inputs += [value(name, TensorProto.FLOAT, ["sources", heads, "src_len", head_dim]) for name in encoder_output_names(n_layers)]
     inputs += [value(CANDIDATE_INPUTS[0], TensorProto.INT64, ["candidates"]), value(CANDIDATE_INPUTS[1], TensorProto.INT64, [1])]
     return inputs
 

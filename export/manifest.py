@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 # 2: the decoder step keeps a per-row cache updated in place (export/decoder_graph.py); 1 had past_mask/cache_index.
 # 3: the decoder step also returns beam-search candidates (TopK of the rows asked for).
-FORMAT_VERSION = 3
+# 4: cross-attention per source (cross K/V and src_mask once per source; source_queries, row_queries).
+FORMAT_VERSION = 4
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 # One closed tuple: nmt-export's --precision choices and manifest validation both read it.

@@ -1,12 +1,14 @@
 """StepCache: the rows of the next decoder-step call and their caches, in buffers ONNX Runtime updates in place.
 
-Each row owns a slice of one preallocated buffer per cache tensor: its self-attention K/V
-(slots [0, position)), its cross K/V and source mask. The buffers are bound to the decoder with
-IO binding, each present K/V to the same memory as its past, so a step appends one slot per row
-and copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues
-a different row (a second beam from one parent, a new or moved row filling a hole) copies that row's
-used slots; a row whose source changed copies the source's cross K/V from the caller's pool.
-Unchanged rows, the common case, cost nothing. `arrange` also names the rows beam search wants
+Each row owns a slice of one preallocated buffer per self-attention cache tensor (slots
+[0, position)); each source read by the call owns a slice of the cross K/V and source-mask
+buffers, however many rows (a beam) read it. The buffers are bound to the decoder with IO
+binding, each present K/V to the same memory as its past, so a step appends one slot per row and
+copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues a
+different row (a second beam from one parent, a new or moved row filling a hole) copies that
+row's used slots; a source new to its place copies its cross K/V from the caller's pool, and the
+rows are mapped to their sources (the graph's source_queries / row_queries). Unchanged rows and
+sources, the common case, cost nothing. `arrange` also names the rows beam search wants
 candidates for (the graph's in-graph TopK); `candidates` reads them after `run`.
 Torch-free: the server imports it.
 """
@@ -43,25 +45,29 @@ class StepCache:
         if held > KEEP_BYTES:
             self.reset()
             return
-        self.rows = 0
+        self.rows = self.sources = 0
         self._source_keys[:] = -1  # pool slots are reused by new sources: their cross K/V must be copied again
+        self._row_keys = None
 
     def reset(self) -> None:
         """Drop every row and give the memory back."""
-        self.rows = 0
+        self.rows = self.sources = 0
         self._self_kv = [self._zeros(0, 0) for _ in self.past_names]  # (row capacity, H, length capacity, Dh)
-        self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (row capacity, H, source capacity, Dh)
+        self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (source capacity, H, source length capacity, Dh)
         self._src_mask = np.zeros((0, 0), dtype=bool)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
-        self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a row holds; -1 = none
+        self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a source place holds; -1 = none
+        self._row_keys: np.ndarray | None = None  # per row of the arranged call: its source key (unchanged keys: same layout)
+        self._source_queries = np.zeros((0, 0), dtype=np.int64)  # (sources, queries): the rows reading each source
+        self._row_queries = np.zeros(0, dtype=np.int64)  # per row: its place in the flattened (sources * queries)
         self._log_probs = np.zeros((0, self.vocab_size), dtype=np.float32)
         self._candidate_rows = np.zeros(0, dtype=np.int64)
         self._candidate_count = np.zeros(1, dtype=np.int64)
         self._candidate_log_probs = np.zeros(0, dtype=np.float32)  # flat: (n, count) views of the front
         self._candidate_ids = np.zeros(0, dtype=np.int64)
         self._binding: ort.IOBinding | None = None
-        self._bound_rows = -1
+        self._bound_layout = (-1, -1, -1)  # (rows, sources, queries) the binding has
         self._bound_candidates = (-1, -1)
         self._wanted = (0, 0)  # (candidate rows, candidates per row) of the arranged call
 
@@ -77,7 +83,7 @@ class StepCache:
 
     def padding_ratio(self) -> float:
         """Share of source slots the last call's cross-attention masked out (self-attention has none)."""
-        mask = self._src_mask[: self.rows]
+        mask = self._src_mask[: self.sources]
         return 1.0 - float(mask.mean()) if mask.size else 0.0
 
     def arrange(self, parents: np.ndarray, tgt_ids: np.ndarray, source_keys: np.ndarray, source_slots: np.ndarray,
@@ -91,29 +97,64 @@ class StepCache:
         """
         parents = np.asarray(parents, dtype=np.int64)
         rows = len(parents)
+        in_place = np.arange(rows)
+        if rows and rows == self.rows and bool((parents == in_place).all()):  # every row continues itself (steady greedy)
+            self._reserve(rows, int(self._positions[:rows].max()) + 1)
+        else:
+            self._arrange_rows(parents, in_place)
+        keys = np.asarray(source_keys, dtype=np.int64)
+        if self._row_keys is None or not np.array_equal(self._row_keys, keys):
+            self._arrange_sources(keys, np.asarray(source_slots, dtype=np.int64), pool_cross, pool_mask)
+        self._tgt_ids[:rows, 0] = tgt_ids
+        self.rows = rows
+        self._arrange_candidates(candidate_rows, candidate_count)
+
+    def _arrange_rows(self, parents: np.ndarray, in_place: np.ndarray) -> None:
+        """Positions of the next call's rows; a row continuing another row copies that row's used slots."""
+        rows = len(parents)
         is_new = parents < 0
         continued = np.maximum(parents, 0)
         positions = np.where(is_new, 0, self._positions[continued]) if self.rows else np.zeros(rows, dtype=np.int64)
-        self._reserve(rows, int(positions.max(initial=0)) + 1, pool_mask.shape[1])
-        moved = ~is_new & (parents != np.arange(rows))
+        self._reserve(rows, int(positions.max(initial=0)) + 1)
+        moved = ~is_new & (parents != in_place)
         if moved.any():
             destination, origin = np.flatnonzero(moved), parents[moved]
             used = int(self._positions[origin].max())
             for buffer in self._self_kv:  # the right side is copied first, so overlapping moves are safe
                 buffer[destination, :, :used] = buffer[origin, :, :used]
-        keys = np.asarray(source_keys, dtype=np.int64)
-        stale = np.flatnonzero(self._source_keys[:rows] != keys)
-        if stale.size:
-            slots, width = np.asarray(source_slots, dtype=np.int64)[stale], pool_mask.shape[1]
-            for buffer, pool in zip(self._cross, pool_cross, strict=True):
-                buffer[stale, :, :width] = pool[slots]
-            self._src_mask[stale, :width] = pool_mask[slots]
-            self._src_mask[stale, width:] = False
-            self._source_keys[stale] = keys[stale]
         self._positions[:rows] = positions
-        self._tgt_ids[:rows, 0] = tgt_ids
-        self.rows = rows
-        self._arrange_candidates(candidate_rows, candidate_count)
+
+    def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
+        """Give each source read by the call a place (in order of its first row: rows stay where they
+        are, so a source keeps its place and its K/V are not copied again) and map rows to sources."""
+        rows = len(keys)
+        unique_keys, first_row, source_of_row = np.unique(keys, return_index=True, return_inverse=True)
+        order = np.argsort(first_row, kind="stable")
+        place_of = np.empty_like(order)
+        place_of[order] = np.arange(len(order))
+        source_of_row = place_of[source_of_row.reshape(-1)]
+        sources, source_keys, source_slots = len(order), unique_keys[order], slots[first_row[order]]
+        self._reserve_sources(sources, pool_mask.shape[1])
+        stale = np.flatnonzero(self._source_keys[:sources] != source_keys)
+        if stale.size:
+            width = pool_mask.shape[1]
+            for buffer, pool in zip(self._cross, pool_cross, strict=True):
+                buffer[stale, :, :width] = pool[source_slots[stale]]
+            self._src_mask[stale, :width] = pool_mask[source_slots[stale]]
+            self._src_mask[stale, width:] = False
+            self._source_keys[stale] = source_keys[stale]
+        # Rows grouped by source (in row order); a source with fewer rows than the most repeats its first row.
+        counts = np.bincount(source_of_row, minlength=sources)
+        queries = int(counts.max(initial=0))
+        by_source = np.argsort(source_of_row, kind="stable")
+        starts = np.cumsum(counts) - counts
+        rank = np.arange(rows) - np.repeat(starts, counts)
+        if self._source_queries.shape != (sources, queries):
+            self._source_queries = np.empty((sources, queries), dtype=np.int64)  # a new shape: bound again in `run`
+        self._source_queries[:] = by_source[starts][:, None]
+        self._source_queries[source_of_row[by_source], rank] = by_source
+        self._row_queries[by_source] = source_of_row[by_source] * queries + rank
+        self.sources, self._row_keys = sources, keys.copy()
 
     def _arrange_candidates(self, candidate_rows: np.ndarray | None, count: int) -> None:
         wanted = 0 if candidate_rows is None or count <= 0 else len(candidate_rows)
@@ -139,7 +180,7 @@ class StepCache:
 
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
-        if self._bound_rows != self.rows or self._binding is None:
+        if self._bound_layout != (self.rows, *self._source_queries.shape) or self._binding is None:
             self._bind()
         if self._bound_candidates != self._wanted:
             self._bind_candidates()
@@ -157,31 +198,41 @@ class StepCache:
         # Zeros, not empty: masked source slots are multiplied by 0, and 0 * NaN from stale memory is NaN.
         return np.zeros((rows, self.n_heads, length, self.head_dim), dtype=np.float32)
 
-    def _reserve(self, rows: int, length: int, src_width: int) -> None:
-        """Grow the buffers (doubling) so `rows` rows of `length` cached tokens and `src_width` sources fit."""
+    def _reserve(self, rows: int, length: int) -> None:
+        """Grow the row buffers (doubling) so `rows` rows of `length` cached tokens fit."""
         if length > self.max_positions:
             raise ValueError(f"a row would cache {length} tokens; the position table has {self.max_positions}")
-        row_cap, length_cap, src_cap = self.capacity
-        if rows <= row_cap and length <= length_cap and src_width <= src_cap:
+        row_cap, length_cap, _ = self.capacity
+        if rows <= row_cap and length <= length_cap:
             return
         new_rows = max(rows, row_cap * 2 if rows > row_cap else row_cap, INITIAL_ROWS)
         new_length = min(max(length, length_cap * 2 if length > length_cap else length_cap, INITIAL_LENGTH), self.max_positions)
-        new_src = max(src_width, src_cap)
         live = self.rows
-        self._self_kv = [self._grown(buffer, new_rows, new_length, live) for buffer in self._self_kv]
-        self._cross = [self._grown(buffer, new_rows, new_src, live) for buffer in self._cross]
-        mask = np.zeros((new_rows, new_src), dtype=bool)
-        mask[:live, :src_cap] = self._src_mask[:live]
-        self._src_mask = mask
+        self._self_kv = [self._grown(buffer, new_rows, new_length, live, length_cap) for buffer in self._self_kv]
         self._positions = self._grown_vector(self._positions, new_rows, 0)
-        self._source_keys = self._grown_vector(self._source_keys, new_rows, -1)
         self._tgt_ids = np.zeros((new_rows, 1), dtype=np.int64)
+        self._row_queries = np.zeros(new_rows, dtype=np.int64)
+        self._row_keys = None  # the row-to-source map lives in the new row_queries: make it again
         self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
         self._binding = None  # new memory: bind again
 
-    def _grown(self, buffer: np.ndarray, rows: int, length: int, live: int) -> np.ndarray:
+    def _reserve_sources(self, sources: int, width: int) -> None:
+        """Grow the source buffers (doubling) so `sources` sources of `width` tokens fit; places keep their K/V."""
+        source_cap, width_cap = self._src_mask.shape
+        if sources <= source_cap and width <= width_cap:
+            return
+        new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
+        new_width = max(width, width_cap)
+        self._cross = [self._grown(buffer, new_sources, new_width, source_cap, width_cap) for buffer in self._cross]
+        mask = np.zeros((new_sources, new_width), dtype=bool)
+        mask[:source_cap, :width_cap] = self._src_mask
+        self._src_mask = mask
+        self._source_keys = self._grown_vector(self._source_keys, new_sources, -1)
+        self._binding = None
+
+    def _grown(self, buffer: np.ndarray, rows: int, length: int, live: int, used_length: int) -> np.ndarray:
         grown = self._zeros(rows, length)
-        grown[:live, :, : buffer.shape[2]] = buffer[:live]
+        grown[:live, :, :used_length] = buffer[:live, :, :used_length]
         return grown
 
     @staticmethod
@@ -201,14 +252,16 @@ class StepCache:
 
         bind("tgt_ids", self._tgt_ids[:rows])
         bind("positions", self._positions[:rows])
-        bind("src_mask", self._src_mask[:rows])
+        bind("src_mask", self._src_mask[: self.sources])
+        bind("source_queries", self._source_queries)
+        bind("row_queries", self._row_queries[:rows])
         for past, present, buffer in zip(self.past_names, self.present_names, self._self_kv, strict=True):
             bind(past, buffer[:rows])
             bind(present, buffer[:rows], output=True)
         for name, buffer in zip(self.cross_names, self._cross, strict=True):
-            bind(name, buffer[:rows])
+            bind(name, buffer[: self.sources])
         bind("log_probs", self._log_probs[:rows], output=True)
-        self._binding, self._bound_rows, self._bound_candidates = binding, rows, (-1, -1)
+        self._binding, self._bound_layout, self._bound_candidates = binding, (rows, *self._source_queries.shape), (-1, -1)
 
     def _bind_candidates(self) -> None:
         """Rebind only the candidate tensors (their shapes change with the beam rows, the rest does not)."""

@@ -130,6 +130,10 @@ class Engine:
         self.active: list[Job] = []
         self.profile = StepProfile()
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
+        # The last call's rows per job, pool slots and source keys: a step where every row continues in
+        # its own place (the steady state between joins and leaves) reuses them.
+        self._layout: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._in_place_rows: list[np.ndarray] | None = None  # per job, its rows when the rows are 0..n-1 in job order
         self._cache = runtime.new_step_cache()
         self._reset_pool()
 
@@ -265,6 +269,14 @@ class Engine:
         rows = sum(counts)
         origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined else job.row_ids[job.local_parents]
                                  for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
+        last_counts, last_slots, last_keys = self._layout
+        if not joined and counts == last_counts and bool((origin == np.arange(rows)).all()):
+            # Same jobs and row counts, every row continuing in its own place: only the tokens change.
+            if self._in_place_rows is None:
+                self._in_place_rows = np.split(origin, np.cumsum(counts)[:-1])
+            for job, row_ids in zip(jobs, self._in_place_rows, strict=True):
+                job.row_ids = row_ids
+            return last_slots, last_keys, origin, np.concatenate(next_tokens)
         place = np.full(rows, -1, dtype=np.int64)
         continuing = np.flatnonzero(origin >= 0)
         _, first = np.unique(origin[continuing], return_index=True)
@@ -282,6 +294,7 @@ class Engine:
         keys[place] = np.repeat(np.array([job.job_id for job in jobs], dtype=np.int64), counts)
         for job, row_ids in zip(jobs, np.split(place, np.cumsum(counts)[:-1]), strict=True):
             job.row_ids = row_ids
+        self._layout, self._in_place_rows = (counts, slots, keys), None
         return slots, keys, parents, tokens
 
     def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:

@@ -38,7 +38,7 @@ def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     for name in ("encoder.onnx", "decoder.onnx"):
         onnx.checker.check_model(str(fp32_dir / name))
     decoder_inputs = manifest.input_names("decoder")
-    assert list(decoder_inputs[:4]) == ["tgt_ids", "positions", "src_mask", "past_key_0"]
+    assert list(decoder_inputs[:6]) == ["tgt_ids", "positions", "src_mask", "source_queries", "row_queries", "past_key_0"]
     assert manifest.output_names("decoder")[:2] == ("log_probs", "present_key_0")
 
 
@@ -84,6 +84,26 @@ def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, t
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
     assert ort_step.cache.positions.tolist() == [4, 2, 4, 4]
+
+
+def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """Beams of unequal width share a source's cross K/V; a source leaving, one joining and rows moving keep torch's results."""
+    model = load_checkpoint(tiny_checkpoint).model
+    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14], [15, 16]]
+    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    calls = [
+        (np.array([0, 0, 0, 1, 2, 2]), np.full(6, -1), np.array([1, 1, 1, 1, 1, 1])),
+        (np.array([0, 0, 0, 1, 2, 2]), np.array([0, 0, 2, 3, 5, 4]), np.array([20, 21, 22, 23, 24, 25])),
+        (np.array([2, 1, 2, 3]), np.array([4, 3, 5, -1]), np.array([26, 27, 28, 1])),  # source 0 left, 3 joined
+        (np.array([3, 1, 2, 3, 3]), np.array([3, 1, 2, 3, 3]), np.array([29, 30, 31, 32, 33])),
+    ]
+    expected_sources = [3, 3, 3, 3]
+    for call, count in zip(calls, expected_sources, strict=True):
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        assert ort_step.cache.sources == count
+    assert ort_step.cache.positions.tolist() == [2, 4, 4, 2, 2]
 
 
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:

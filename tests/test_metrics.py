@@ -59,7 +59,13 @@ def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
                 stub.Translate(pb.TranslateRequest(), timeout=30)
         stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     key = ("nmt_requests_total", (("code", "INVALID_ARGUMENT"), ("method", "Translate")))
-    samples = scrape_until(metered.server.metrics_port, lambda found: found.get(key) == 2)
+
+    def settled(found: Samples) -> bool:
+        # The step that finishes a request is counted when the step ends, a moment after its answer left.
+        generated, output = found.get(("nmt_generated_tokens_total", ()), 0.0), found.get(("nmt_output_tokens_sum", ()), 0.0)
+        return found.get(key) == 2 and generated >= output
+
+    samples = scrape_until(metered.server.metrics_port, settled)
 
     def value(name: str, **labels: str) -> float:
         return samples.get((name, tuple(sorted(labels.items()))), 0.0)
