@@ -14,11 +14,14 @@ from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 # UNAVAILABLE means not admitted (a draining or restarting server, a balancer without a replica):
-# safe to retry. gRPC's built-in retries, with exponential backoff 0.1 s .. 1 s.
+# safe to retry. A CANCELLED the server sends (this client's own cancels are never retried) comes from a
+# stopping server: grpc core cancels calls it had not yet handed to a handler (grpc/grpc#41785), and calls
+# still running when the grace period ends. Translation is idempotent, so both are retried, with gRPC's
+# built-in retries and exponential backoff 0.1 s .. 1 s.
 RETRY_POLICY = json.dumps({"methodConfig": [{
     "name": [{"service": "nmt.translation.v1.TranslationService"}],
     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"]},
+                    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]},
 }]})  # fmt: skip
 CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_POLICY)]
 

@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from export.manifest import ModelDirError
+from server.arrivals import ArrivalClock
 from server.auth import BearerTokenInterceptor
 from server.engine import Engine, EngineLimits
 from server.metrics import Metrics
@@ -27,6 +28,10 @@ from server.settings import ServerSettings, parse_settings
 logger = logging.getLogger("nmt-serve")
 
 OVERALL = ""  # grpc.health.v1's name for the whole server
+# A draining server stops once no call has reached a handler for this long (handlers caught up with arrivals),
+# waiting at most DRAIN_QUIET_MAX_S: a balancer keeps sending to a replica until its port closes.
+DRAIN_QUIET_S = 0.05
+DRAIN_QUIET_MAX_S = 2.0
 
 
 class Server:
@@ -52,10 +57,11 @@ class Server:
         self.serving = threading.Event()  # set once health says SERVING (scripts and tests wait on it)
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.arrivals = ArrivalClock()
 
     def request_stop(self) -> None:
-        """Start the drain, from any thread (what SIGTERM does)."""
-        if self._loop is not None and self._stop is not None:
+        """Start the drain, from any thread (what SIGTERM does); nothing once the server has stopped."""
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def _set_health(self, status: int) -> None:
@@ -64,7 +70,9 @@ class Server:
 
     def _build(self) -> grpc.aio.Server:
         settings = self.settings
-        interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+        interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals]
+        if settings.auth_token:
+            interceptors.append(BearerTokenInterceptor(settings.auth_token))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers([self.service.handler()])
@@ -115,6 +123,12 @@ class Server:
         deadline = loop.time() + self.settings.grace_s
         while self.scheduler.in_flight and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        # Calls grpc core holds unhanded when the server stops end CANCELLED (see server/arrivals.py): stop at a
+        # quiet moment, when the handlers have answered every call that arrived.
+        quiet_until = min(deadline, loop.time() + DRAIN_QUIET_MAX_S)
+        while self.arrivals.quiet_for() < DRAIN_QUIET_S and loop.time() < quiet_until:
+            await asyncio.sleep(DRAIN_QUIET_S / 5)
+        logger.info("stopping the gRPC server; last call arrived %.3f s ago", self.arrivals.quiet_for())
         await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
         if self._metrics_server is not None:

@@ -49,6 +49,10 @@ class RunningServer:
     def target(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
+    def is_running(self) -> bool:
+        """False once `Server.run` has returned (a drain has finished)."""
+        return self._thread.is_alive()
+
     def release_warm_up(self) -> None:
         self._release.set()
 

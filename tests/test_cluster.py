@@ -120,8 +120,8 @@ def _http_ok(url: str) -> bool:
 
 
 def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, attempts: int = 5) -> list[str]:
-    """Codes of every attempt; UNAVAILABLE (a replica draining or gone) is retried with exponential backoff from 0.1 s,
-    as client/client.py's retry policy does."""
+    """Codes of every attempt; UNAVAILABLE (a replica draining or gone) and CANCELLED (sent by a stopping replica,
+    grpc/grpc#41785) are retried with exponential backoff from 0.1 s, as client/client.py's retry policy does."""
     codes = []
     for attempt in range(attempts):
         if attempt:
@@ -132,7 +132,7 @@ def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, atte
             return codes
         except grpc.RpcError as error:
             codes.append(error.code().name)
-            if error.code() is not grpc.StatusCode.UNAVAILABLE:
+            if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 return codes
     return codes
 
@@ -162,10 +162,12 @@ def test_load_through_nginx_reaches_both_replicas_and_survives_losing_one(cluste
             results = [future.result() for future in futures]
     assert victim.wait(30) == 0
     failed_first = [(index, codes) for index, codes in enumerate(results) if codes[0] != "OK"]
-    # Report exactly which calls needed a retry and why; every call ends OK, and only UNAVAILABLE was ever seen.
+    # Report exactly which calls needed a retry and why; every call ends OK after the client's retries. The drain
+    # makes a CANCELLED rare (tests/test_serve_process.py row 17), but grpc core can still send one to a call
+    # that arrives in the instant the server stops.
     print(f"calls retried after the replica stopped: {failed_first}")
     assert all(codes[-1] == "OK" for codes in results), failed_first
-    assert {code for codes in results for code in codes} <= {"OK", "UNAVAILABLE"}
+    assert {code for codes in results for code in codes} <= {"OK", "UNAVAILABLE", "CANCELLED"}
 
 
 def test_dockerfile_builds_cpu_and_gpu_targets_torch_free_and_non_root() -> None:

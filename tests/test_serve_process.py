@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.arrivals import ArrivalClock
+from server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
 from tests.serving import RunningServer, server_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +67,44 @@ def test_row17_sigterm_under_load_loses_no_admitted_request(served: tuple[subpro
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "draining" in output and "stopped" in output
+
+
+def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_dir: Path) -> None:
+    """grpc core ends calls it holds unhanded at server stop CANCELLED (grpc/grpc#41785); the drain therefore keeps
+    answering UNAVAILABLE until no call has arrived for DRAIN_QUIET_S, at most DRAIN_QUIET_MAX_S."""
+    stop_arrivals = threading.Event()
+
+    def keep_arriving(clock: ArrivalClock) -> None:  # a steady trickle of calls, as the interceptor sees them
+        while not stop_arrivals.wait(DRAIN_QUIET_S / 5):
+            clock.last_arrival = time.monotonic()
+
+    with RunningServer(server_settings(tiny_model_dir, grace_s=30.0)) as running:
+        trickle = threading.Thread(target=keep_arriving, args=(running.server.arrivals,), daemon=True)
+        trickle.start()
+        running.server.request_stop()
+        time.sleep(DRAIN_QUIET_MAX_S / 2)
+        assert running.is_running(), "the port closed while calls were still arriving"
+        channel, stub = running.stub()
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund."]), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in refused.value.details()
+        stop_arrivals.set()
+        deadline = time.monotonic() + DRAIN_QUIET_MAX_S + 5
+        while running.is_running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not running.is_running(), "the drain did not stop once calls stopped arriving"
+
+    # A trickle that never stops holds the port open at most DRAIN_QUIET_MAX_S, not the whole grace period.
+    stop_arrivals.clear()
+    with RunningServer(server_settings(tiny_model_dir, grace_s=30.0)) as running:
+        trickle = threading.Thread(target=keep_arriving, args=(running.server.arrivals,), daemon=True)
+        trickle.start()
+        started = time.monotonic()
+        running.server.request_stop()
+        while running.is_running() and time.monotonic() - started < 20:
+            time.sleep(0.02)
+        stop_arrivals.set()
+        assert not running.is_running() and time.monotonic() - started >= DRAIN_QUIET_MAX_S
 
 
 def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
