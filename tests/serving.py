@@ -10,9 +10,11 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.main import Server
@@ -96,3 +98,22 @@ def wait_for(check, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
         if result or time.monotonic() > deadline:
             return result
         time.sleep(0.5)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
+
+
+def scrape_until(port: int, ready: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
+    """A failed call's status can reach the client a moment before the server counts it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape(port)
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)

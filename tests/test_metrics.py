@@ -4,42 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
 from server.settings import ServerSettings
-from tests.serving import RunningServer, server_settings
+from tests.serving import RunningServer, Samples, scrape_until, server_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt-serve.json"
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
-
-
-def scrape_until(port: int, ready: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
-    """A failed call's status can reach the client a moment before the server counts it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = scrape(port)
-        if ready(samples) or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

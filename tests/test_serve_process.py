@@ -8,19 +8,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.arrivals import ArrivalClock
 from server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
-from tests.serving import RunningServer, server_settings
+from tests.serving import RunningServer, Samples, free_port, scrape_until, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,26 +39,43 @@ def start_server(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subproce
     return process, f"127.0.0.1:{port_file.read_text()}"
 
 
+@dataclass(frozen=True)
+class Served:
+    process: subprocess.Popen
+    target: str
+    metrics_port: int
+
+
 @pytest.fixture()
-def served(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    process, target = start_server(tiny_model_dir, tmp_path, "--grace-s", "20", "--max-queued-requests", "512", "--max-rows", "16")
-    yield process, target
+def served(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Served]:
+    metrics_port = free_port()
+    process, target = start_server(tiny_model_dir, tmp_path, "--grace-s", "20", "--max-queued-requests", "512", "--max-rows", "16",
+                                   "--metrics-port", str(metrics_port))  # fmt: skip
+    yield Served(process, target, metrics_port)
     if process.poll() is None:
         process.kill()
         process.communicate()
 
 
-def test_row17_sigterm_under_load_loses_no_admitted_request(served: tuple[subprocess.Popen, str]) -> None:
-    process, target = served
+def admitted(samples: Samples) -> float:
+    """Translate requests admitted so far: waiting to join, in the batch, or answered."""
+    answered = sum(value for (name, labels), value in samples.items() if name == "nmt_requests_total" and ("method", "Translate") in labels)
+    return samples[("nmt_queue_depth", ())] + samples[("nmt_active_requests", ())] + answered
+
+
+def test_row17_sigterm_under_load_loses_no_admitted_request(served: Served) -> None:
+    process, target = served.process, served.target
     request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(beam_size=4, min_output_tokens=90, max_output_tokens=90))
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.TranslationServiceStub(channel)
         # 16 rows per step (4 requests) make 256 requests take seconds even on the tiny model.
         calls = [stub.Translate.future(request, timeout=60) for _ in range(256)]
-        time.sleep(0.5)  # every call has reached the server and been admitted
+        # Every call admitted (a busy machine can take seconds to deliver 256 calls) before the SIGTERM.
+        assert admitted(scrape_until(served.metrics_port, lambda samples: admitted(samples) >= len(calls), 60)) >= len(calls)
         assert not all(call.done() for call in calls), "the load finished before SIGTERM; make it longer"
         process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        health = health_pb2_grpc.HealthStub(channel)
+        assert wait_for(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING, 30)
         with pytest.raises(grpc.RpcError) as refused:  # new calls are refused while in-flight ones finish
             stub.Translate(request, timeout=10)
         results = [call.result() for call in calls]  # raises if any admitted call failed
@@ -71,16 +88,10 @@ def test_row17_sigterm_under_load_loses_no_admitted_request(served: tuple[subpro
 
 def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_dir: Path) -> None:
     """grpc core ends calls it holds unhanded at server stop CANCELLED (grpc/grpc#41785); the drain therefore keeps
-    answering UNAVAILABLE until no call has arrived for DRAIN_QUIET_S, at most DRAIN_QUIET_MAX_S."""
-    stop_arrivals = threading.Event()
-
-    def keep_arriving(clock: ArrivalClock) -> None:  # a steady trickle of calls, as the interceptor sees them
-        while not stop_arrivals.wait(DRAIN_QUIET_S / 5):
-            clock.last_arrival = time.monotonic()
-
+    answering UNAVAILABLE until no call has arrived for DRAIN_QUIET_S, at most DRAIN_QUIET_MAX_S. Arrivals are
+    simulated by setting the clock's last arrival (a thread that calls could be descheduled on a busy machine)."""
     with RunningServer(server_settings(tiny_model_dir, grace_s=30.0)) as running:
-        trickle = threading.Thread(target=keep_arriving, args=(running.server.arrivals,), daemon=True)
-        trickle.start()
+        running.server.arrivals.last_arrival = time.monotonic() + 3600  # calls keep arriving
         running.server.request_stop()
         time.sleep(DRAIN_QUIET_MAX_S / 2)
         assert running.is_running(), "the port closed while calls were still arriving"
@@ -88,23 +99,16 @@ def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_di
         with channel, pytest.raises(grpc.RpcError) as refused:
             stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund."]), timeout=10)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in refused.value.details()
-        stop_arrivals.set()
-        deadline = time.monotonic() + DRAIN_QUIET_MAX_S + 5
-        while running.is_running() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not running.is_running(), "the drain did not stop once calls stopped arriving"
+        running.server.arrivals.last_arrival = time.monotonic() - DRAIN_QUIET_S  # and now they have stopped
+        assert wait_for(lambda: not running.is_running(), 10), "the drain did not stop once calls stopped arriving"
 
-    # A trickle that never stops holds the port open at most DRAIN_QUIET_MAX_S, not the whole grace period.
-    stop_arrivals.clear()
+    # Arrivals that never stop hold the port open DRAIN_QUIET_MAX_S, not the whole grace period.
     with RunningServer(server_settings(tiny_model_dir, grace_s=30.0)) as running:
-        trickle = threading.Thread(target=keep_arriving, args=(running.server.arrivals,), daemon=True)
-        trickle.start()
+        running.server.arrivals.last_arrival = time.monotonic() + 3600
         started = time.monotonic()
         running.server.request_stop()
-        while running.is_running() and time.monotonic() - started < 20:
-            time.sleep(0.02)
-        stop_arrivals.set()
-        assert not running.is_running() and time.monotonic() - started >= DRAIN_QUIET_MAX_S
+        assert wait_for(lambda: not running.is_running(), 20), "the drain waited past DRAIN_QUIET_MAX_S"
+        assert time.monotonic() - started >= DRAIN_QUIET_MAX_S
 
 
 def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
@@ -142,8 +146,8 @@ def test_row18_wrong_manifest_version_exits_non_zero(tiny_model_dir: Path, tmp_p
     assert code != 0 and "manifest.json" in output and "99" in output
 
 
-def test_translate_cli_prints_translations(served: tuple[subprocess.Popen, str]) -> None:
-    _, target = served
+def test_translate_cli_prints_translations(served: Served) -> None:
+    target = served.target
     cli = [sys.executable, "-m", "client.cli", "--target", target]
     result = subprocess.run([*cli, "Ich sehe den Hund.", ""], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
