@@ -18,12 +18,13 @@ serve:
 	$(PYTHON) -m server.main $(SERVE_ARGS)
 
 # The real German->English corpus (needs the Debian package trans-de-en; `make corpus-packages`
-# installs it with the packages whose catalogs the shipped model was trained on).
+# installs it with the packages whose catalogs and help pages the shipped model was trained on).
 corpus: install
 	nmt-corpus --out data/corpus
 
 corpus-packages:
 	apt-get install -y $$(grep -v '^#' scripts/corpus_packages.txt)
+	apt-get install -y --no-install-recommends $$(grep -v '^#' scripts/corpus_packages_norecommends.txt)
 
 # Regenerate the committed gRPC code after editing a .proto (tests fail while it is stale).
 protos:

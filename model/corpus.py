@@ -1,4 +1,4 @@
-"""Build the German->English train/valid/test TSVs from the Ding dictionary and gettext catalogs."""
+"""Build the German->English train/valid/test TSVs from the Ding dictionary, gettext catalogs and translated HTML help."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
+from model.help_corpus import DEFAULT_HELP_ROOT, read_help
+
 DEFAULT_DING = "/usr/share/trans/de-en"
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
 # Games keep their catalogs under their own data directory (wesnoth, widelands); their story and
 # help texts are whole sentences, closer to the held-out Ding sentences than UI labels are.
 GAME_LOCALE_GLOBS = ("/usr/share/games/*/locale", "/usr/share/games/*/*/locale", "/usr/share/games/*/*/*/locale")
+# LibreOffice keeps its UI catalogs (libreoffice-l10n-de) outside /usr/share/locale.
+LIBREOFFICE_LOCALE_DIR = "/usr/lib/libreoffice/program/resource"
 MAX_CHARS = 250
 MAX_RATIO = 3.0
 RATIO_MIN_CHARS = 10  # short strings ("OK" -> "Okay") vary too much in length to judge by ratio
@@ -43,7 +47,7 @@ _MO_MAGIC = 0x950412DE
 _PRINTF_RE = re.compile(r"%(\d+\$)?[-+ #0']*(\d+|\*)?(\.\d+)?[hlLqjzt]*[a-zA-Z%@]|%\([^)]*\)")
 _BRACE_RE = re.compile(r"\{[\w.:!-]*\}|\$\{?[A-Za-z_]\w*\}?")
 _MARKUP_RE = re.compile(r"<[^>]*>|&\w+;")
-_ACCEL_RE = re.compile(r"[_&](?=\w)")
+_ACCEL_RE = re.compile(r"[_&~](?=\w)")  # GTK _, Qt &, LibreOffice ~
 # Disambiguation written into the string itself: wesnoth's "context^Text", freeciv's "?qualifier:Text".
 _INLINE_CONTEXT_RE = re.compile(r"^(\?[\w ]+:|[A-Za-z_]*\^)")
 _SPACE_RE = re.compile(r"\s+")
@@ -55,6 +59,7 @@ class Counts:
 
     ding: Counter = field(default_factory=Counter)
     gettext: Counter = field(default_factory=Counter)
+    help: Counter = field(default_factory=Counter)
     cleaning: Counter = field(default_factory=Counter)
     split: Counter = field(default_factory=Counter)
 
@@ -207,8 +212,14 @@ def clean_gettext_string(text: str) -> str | None:
 
 
 def default_locale_dirs() -> list[str]:
-    """/usr/share/locale and every game's locale root that is installed."""
-    return [DEFAULT_LOCALE_DIR] + sorted({path for pattern in GAME_LOCALE_GLOBS for path in glob.glob(pattern)})
+    """/usr/share/locale, LibreOffice's catalogs and every game's locale root that is installed."""
+    extra = [LIBREOFFICE_LOCALE_DIR] if os.path.isdir(LIBREOFFICE_LOCALE_DIR) else []
+    return [DEFAULT_LOCALE_DIR, *extra] + sorted({path for pattern in GAME_LOCALE_GLOBS for path in glob.glob(pattern)})
+
+
+def default_help_roots() -> list[str]:
+    """LibreOffice's help when both its German and English pages are installed."""
+    return [DEFAULT_HELP_ROOT] if all(os.path.isdir(os.path.join(DEFAULT_HELP_ROOT, lang)) for lang in ("de", "en-US")) else []
 
 
 def read_gettext(locale_dirs: list[str], counts: Counts) -> tuple[list[Pair], list[str]]:
@@ -328,11 +339,15 @@ def build_corpus(args: argparse.Namespace) -> dict:
     sentences, phrases, ding_version = read_ding(args.ding, counts)
     locale_dirs = args.locale_dir or default_locale_dirs()
     gettext_pairs, catalogs = read_gettext(locale_dirs, counts)
+    help_roots = default_help_roots() if args.help_root is None else [root for root in args.help_root if root]
+    help_pairs: list[Pair] = []
+    for root in help_roots:
+        help_pairs += read_help(root, counts.help)[0]
     seen: set[Pair] = set()
-    sources = {"ding_sentences": len(sentences), "ding_phrases": len(phrases), "gettext_pairs": len(gettext_pairs)}
+    sources = {"ding_sentences": len(sentences), "ding_phrases": len(phrases), "gettext_pairs": len(gettext_pairs), "help_pairs": len(help_pairs)}
     # Sentences are cleaned first so the held-out sets never depend on the gettext catalogs present.
     sentences = clean_pairs(sentences, counts, seen)
-    others = clean_pairs(phrases, counts, seen) + clean_pairs(gettext_pairs, counts, seen)
+    others = clean_pairs(phrases, counts, seen) + clean_pairs(gettext_pairs, counts, seen) + clean_pairs(help_pairs, counts, seen)
     train, valid, test = split_corpus(sentences, others, args.test_size, args.valid_size, args.seed, counts)
     os.makedirs(args.out, exist_ok=True)
     for name, pairs in (("train", train), ("valid", valid), ("test", test)):
@@ -341,6 +356,7 @@ def build_corpus(args: argparse.Namespace) -> dict:
         "sources": sources | {"gettext_catalogs": counts.gettext["catalogs"]},
         "ding": dict(sorted(counts.ding.items())),
         "gettext": dict(sorted(counts.gettext.items())),
+        "help": dict(sorted(counts.help.items())),
         "dropped": dict(sorted(counts.cleaning.items())),
         "split": dict(sorted(counts.split.items())),
         "inputs": {
@@ -349,6 +365,8 @@ def build_corpus(args: argparse.Namespace) -> dict:
             "trans_de_en_package_version": _package_version("trans-de-en"),
             "locale_dirs": [os.path.abspath(path) for path in locale_dirs],
             "gettext_catalogs": catalogs,
+            "help_roots": [os.path.abspath(path) for path in help_roots],
+            "libreoffice_help_de_package_version": _package_version("libreoffice-help-de"),
             "seed": args.seed,
         },
     }
@@ -358,7 +376,7 @@ def build_corpus(args: argparse.Namespace) -> dict:
 
 
 def print_report(report: dict) -> None:
-    for section in ("sources", "ding", "gettext", "dropped", "split"):
+    for section in ("sources", "ding", "gettext", "help", "dropped", "split"):
         print(f"{section}:")
         for key, value in report[section].items():
             print(f"  {key:28s} {value:>8}")
@@ -371,6 +389,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--locale-dir", action="append", default=None,
                         help="a root of de/LC_MESSAGES/*.mo; repeat for several "
                              f"(default: {DEFAULT_LOCALE_DIR} and the games' locale roots under /usr/share/games)")
+    parser.add_argument("--help-root", action="append", default=None,
+                        help="a root of translated HTML help with de/ and en-US/ pages whose elements share ids; repeat "
+                             f"for several; --help-root '' reads none (default: {DEFAULT_HELP_ROOT} when installed)")
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--valid-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1234)

@@ -75,7 +75,7 @@ def inputs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def run_main(ding: Path, locale: Path, out: Path) -> int:
-    return main(["--out", str(out), "--ding", str(ding), "--locale-dir", str(locale),
+    return main(["--out", str(out), "--ding", str(ding), "--locale-dir", str(locale), "--help-root", "",
                  "--test-size", "5", "--valid-size", "5"])
 
 
@@ -203,7 +203,7 @@ def test_main_reads_every_locale_root_given(inputs: tuple[Path, Path], tmp_path:
     game = tmp_path / "game-locale"
     write_mo(game / "de" / "LC_MESSAGES" / "story.mo", [("The dragon sleeps in the cave.", "Der Drache schläft in der Höhle.")])
     out = tmp_path / "out"
-    assert main(["--out", str(out), "--ding", str(ding), "--locale-dir", str(locale), "--locale-dir", str(game),
+    assert main(["--out", str(out), "--ding", str(ding), "--locale-dir", str(locale), "--locale-dir", str(game), "--help-root", "",
                  "--test-size", "5", "--valid-size", "5"]) == 0
     report = json.loads((out / "corpus.json").read_text(encoding="utf-8"))
     assert report["inputs"]["locale_dirs"] == [str(locale), str(game)]
