@@ -29,6 +29,25 @@ from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
+# CPU flags of native bfloat16 arithmetic (x86 AVX512-BF16 / AMX, Arm BF16). Without them torch emulates bf16
+# and autocast slows training down: measured on a Xeon with AVX-512 but no AVX512-BF16, one small-preset
+# step of 8,000 target tokens took 19.8 s with bf16 against 10.7 s in fp32; on a Zen 5 with AVX512-BF16,
+# bf16 was 1.36x faster than fp32.
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes in bfloat16 natively (the default of --bf16)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features") and NATIVE_BF16_FLAGS & set(value.split()):
+            return True
+    return False
+
 LAST_DIR = "last"  # resume state: weights, optimizer, RNG and data position (not shipped)
 TRAINER_STATE_FILE = "trainer_state.pt"
 SNAPSHOTS_DIR = "snapshots"
@@ -48,7 +67,7 @@ class TrainSettings:
     valid_bleu_size: int = 500
     max_len: int = 100  # pairs with a longer side (in tokens) are skipped
     seed: int = 1234
-    bf16: bool = True
+    bf16: bool = field(default_factory=native_bf16)  # autocast to bfloat16 where the CPU has it natively
     rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
 
@@ -291,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     for item in dataclasses.fields(TrainSettings):
         flag = "--" + item.name.replace("_", "-")
         if item.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=item.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(defaults, item.name))
         else:
             parser.add_argument(flag, type=type(getattr(defaults, item.name)), default=item.default)
     return parser

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from model.batching import make_batch, plan_batches
 from model.checkpoint import load_checkpoint
 from model.evaluate import main as eval_main
-from model.train import TrainSettings, learning_rate
+from model.train import TrainSettings, learning_rate, native_bf16
 from model.train import main as train_main
 
 
@@ -167,3 +167,16 @@ def test_average_of_snapshots_is_their_mean(tiny_checkpoint: Path, tmp_path: Pat
         if tensor.is_floating_point():
             torch.testing.assert_close(tensor, ((a[name] + b[name]) / 2).half().float(), rtol=0, atol=0)
     assert averaged.train_info["averaged"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni", False),  # AVX-512 alone: torch emulates bf16, slower
+    ("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni", True),
+    ("flags\t\t: fpu avx512f amx_bf16 amx_tile", True),
+    ("Features\t: fp asimd bf16 i8mm", True),  # Arm
+])
+def test_bf16_defaults_on_only_where_the_cpu_has_it(tmp_path: Path, line: str, expected: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{line}\n", encoding="utf-8")
+    assert native_bf16(str(cpuinfo)) is expected
+    assert native_bf16(str(tmp_path / "missing")) is False
