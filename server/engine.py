@@ -52,6 +52,20 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
     FAILED = "failed"
+    OUT_OF_MEMORY = "out of memory"
+
+
+# How allocation failures read: numpy's MemoryError, ONNX Runtime's arena ("Failed to allocate memory for
+# requested buffer"), CUDA ("out of memory", cudaErrorMemoryAllocation), cuBLAS/cuDNN (..._ALLOC_FAILED), C++ bad_alloc.
+_OUT_OF_MEMORY_MARKERS = ("out of memory", "failed to allocate", "alloc_failed", "cudaerrormemoryallocation", "bad_alloc")
+
+
+# What a request dropped for memory is told (RESOURCE_EXHAUSTED); the log keeps the runtime's own message.
+OUT_OF_MEMORY_MESSAGE = "the device running the model is out of memory; retry later, or with fewer or shorter texts or a smaller beam"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or any(marker in str(error).lower() for marker in _OUT_OF_MEMORY_MARKERS)
 
 
 @dataclass
@@ -136,6 +150,8 @@ class Engine:
         self._in_place_rows: list[np.ndarray] | None = None  # per job, its rows when the rows are 0..n-1 in job order
         self._cache = runtime.new_step_cache()
         self._reset_pool()
+        # Lowered when the device runs out of memory: the rows the last retried call fitted in (RELIABILITY row 20).
+        self.row_ceiling = limits.max_rows
 
     # ------------------------------------------------------------ interface for other threads
 
@@ -182,22 +198,57 @@ class Engine:
             self._cache.clear()
             self._reset_pool()
             return
-        slots, keys, parents, tgt_ids = self._row_inputs(joined)
-        candidate_jobs, candidate_rows, candidate_count = self._candidate_rows()
-        try:
-            log_probs = self._run_decoder(slots, keys, parents, tgt_ids, candidate_rows, candidate_count)
-        except Exception as error:  # a failed run fails the requests in it, not the engine
-            logger.exception("decoder step failed for %d requests", len(self.active))
-            if self.observer is not None:
-                self.observer.engine_failed()
-            for job in self.active:
-                self._finish(job, Outcome.FAILED, error)
-            self.active = []
-            self._reset_cache()
-            return
+        shed = False
+        while True:
+            slots, keys, parents, tgt_ids = self._row_inputs(joined)
+            candidate_jobs, candidate_rows, candidate_count = self._candidate_rows()
+            try:
+                self._arrange(slots, keys, parents, tgt_ids, candidate_rows, candidate_count)
+            except Exception as error:  # a half-arranged cache cannot be retried
+                self._fail_all(error)
+                return
+            try:
+                log_probs = self._run_decoder()
+                break
+            except Exception as error:  # a failed run fails the requests in it, not the engine
+                if not is_out_of_memory(error) or len(self.active) == 1:
+                    self._fail_all(error)
+                    return
+                self._shed_largest(error, len(parents))
+                shed = True
+        if shed and len(parents) < self.row_ceiling:
+            self.row_ceiling = len(parents)
+            logger.warning("after running out of memory the engine admits up to %d rows (limit %d)", self.row_ceiling, self.limits.max_rows)
         searched = time.perf_counter()
         self._advance(log_probs, candidate_jobs)
         self.profile.search_s += time.perf_counter() - searched
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Every active request gets FAILED (or OUT_OF_MEMORY) and the caches are dropped; the engine serves on."""
+        outcome = Outcome.OUT_OF_MEMORY if is_out_of_memory(error) else Outcome.FAILED
+        logger.error("decoder step failed for %d requests (%s)", len(self.active), outcome.value, exc_info=error)
+        if self.observer is not None:
+            self.observer.engine_failed()
+        for job in self.active:
+            self._finish(job, outcome, error if outcome is Outcome.FAILED else MemoryError(OUT_OF_MEMORY_MESSAGE))
+        self.active = []
+        self._reset_cache()
+
+    def _shed_largest(self, error: BaseException, rows: int) -> None:
+        """Out of memory with several requests in the call: the one holding the most cache leaves with
+        OUT_OF_MEMORY and the call is retried without it. The cache holds the failed call's layout (the
+        run writes only the slot each row was about to fill, and positions advance only after a run), so
+        every other row continues in its place."""
+        largest = max(self.active, key=lambda job: job.rows * self._max_length(job))
+        logger.warning("out of memory with %d rows in the decoder call; dropping request %d (%d rows) and retrying: %s",
+                       rows, largest.job_id, largest.rows, error)  # fmt: skip
+        if self.observer is not None:
+            self.observer.engine_failed()
+        self.active = [job for job in self.active if job is not largest]
+        self._finish(largest, Outcome.OUT_OF_MEMORY, MemoryError(OUT_OF_MEMORY_MESSAGE))
+        for job in self.active:
+            job.local_parents = np.arange(job.rows)
+        self._layout, self._in_place_rows = ([], *self._layout[1:]), None
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -227,7 +278,7 @@ class Engine:
                     continue
                 job_rows = job.options.beam_size
                 job_tokens = job_rows * self._max_length(job)
-                over_budget = rows + job_rows > self.limits.max_rows or cache_tokens + job_tokens > self.limits.max_cache_tokens
+                over_budget = rows + job_rows > self.row_ceiling or cache_tokens + job_tokens > self.limits.max_cache_tokens
                 # An empty engine always takes the first request, so one large request cannot wait forever.
                 if over_budget and (self.active or admitted):
                     break
@@ -243,8 +294,12 @@ class Engine:
             logger.exception("encoder failed for %d requests", len(admitted))
             if self.observer is not None:
                 self.observer.engine_failed()
+            out_of_memory = is_out_of_memory(error)
             for job in admitted:
-                self._finish(job, Outcome.FAILED, error)
+                if out_of_memory:
+                    self._finish(job, Outcome.OUT_OF_MEMORY, MemoryError(OUT_OF_MEMORY_MESSAGE))
+                else:
+                    self._finish(job, Outcome.FAILED, error)
             return set()
         joined_at = time.perf_counter()
         for job in admitted:
@@ -313,14 +368,16 @@ class Engine:
         rows = np.concatenate(row_ids) if row_ids else np.zeros(0, dtype=np.int64)
         return spans, rows, count
 
-    def _run_decoder(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
-                     candidate_rows: np.ndarray, candidate_count: int) -> np.ndarray:  # fmt: skip
+    def _arrange(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
+                 candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
         arranging = time.perf_counter()
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask, candidate_rows, candidate_count)
         self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = len(parents)
         if self.observer is not None:  # only the metrics read it
             self._last_padding = self._cache.padding_ratio()
+
+    def _run_decoder(self) -> np.ndarray:
         decoding = time.perf_counter()
         log_probs = self._cache.run()
         self.profile.decode_s += time.perf_counter() - decoding

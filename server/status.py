@@ -27,6 +27,7 @@ OUTCOME_CODES = {
     Outcome.EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,
     Outcome.CANCELLED: grpc.StatusCode.CANCELLED,
     Outcome.FAILED: grpc.StatusCode.INTERNAL,
+    Outcome.OUT_OF_MEMORY: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

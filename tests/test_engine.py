@@ -146,6 +146,49 @@ def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtim
     assert_same(later, alone(tiny_model_dir, SOURCES[4], BEAM3))
 
 
+def test_engine_out_of_memory_drops_the_largest_request_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """RELIABILITY row 20: the decoder call fails for memory mid-decode (beam rows have just been reordered);
+    the request holding the most cache leaves with OUT_OF_MEMORY, the call is retried, and the others'
+    outputs are still exactly their alone-results."""
+    engine = Engine(runtime)
+    real_run = StepCache.run
+    state = {"failed": 0, "retried_rows": 0}
+    beam4 = SearchOptions(beam_size=4, min_output_tokens=30, max_output_tokens=30)  # the largest until the end
+    kept_beam, kept_greedy, largest = engine.submit(SOURCES[0], BEAM3), engine.submit(SOURCES[1], GREEDY_LONG), engine.submit(SOURCES[2], beam4)
+
+    def run(cache: StepCache) -> np.ndarray:
+        # Fail the first call in which the kept beam's rows were reordered (a row copied from another) after
+        # its first steps, when its rows' caches differ (the rows of step 1 all copy the one BOS row).
+        reordered = kept_beam.steps >= 3 and not np.array_equal(kept_beam.local_parents, np.arange(kept_beam.rows))
+        if reordered and not state["failed"]:
+            state["failed"] += 1
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576")
+        if state["failed"] and not state["retried_rows"]:
+            state["retried_rows"] = cache.rows
+        return real_run(cache)
+
+    monkeypatch.setattr(StepCache, "run", run)
+    run_until_done(engine, [kept_beam, kept_greedy, largest])
+    assert state["failed"] == 1 and largest.outcome is Outcome.OUT_OF_MEMORY and "out of memory" in str(largest.error)
+    assert_same(kept_beam, alone(tiny_model_dir, SOURCES[0], BEAM3))
+    assert_same(kept_greedy, alone(tiny_model_dir, SOURCES[1], GREEDY_LONG))
+    assert engine.row_ceiling == state["retried_rows"]  # admissions now stop at what the retried call fitted
+
+    # A lone request that does not fit gets OUT_OF_MEMORY; the engine serves the next one.
+    def always_out_of_memory(cache: StepCache) -> np.ndarray:
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(StepCache, "run", always_out_of_memory)
+    lone = engine.submit(SOURCES[3], BEAM3)
+    run_until_done(engine, [lone])
+    assert lone.outcome is Outcome.OUT_OF_MEMORY
+    monkeypatch.setattr(StepCache, "run", real_run)
+    later = engine.submit(SOURCES[4], BEAM3)
+    run_until_done(engine, [later])
+    assert_same(later, alone(tiny_model_dir, SOURCES[4], BEAM3))
+
+
 def test_engine_streams_greedy_tokens_as_chosen(runtime: Runtime) -> None:
     engine = Engine(runtime)
     streamed: list[int] = []

@@ -267,6 +267,27 @@ def test_row19_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> No
             assert stub.Translate(texts_request("Hund"), timeout=30).translations  # still serving
 
 
+def test_row20_out_of_memory_is_resource_exhausted_for_that_request(tiny_model_dir: Path) -> None:
+    """No GPU here: the allocation failure is injected as ONNX Runtime's CUDA provider words it."""
+    with RunningServer(server_settings(tiny_model_dir)) as server:
+        decoder = server.server.runtime.decoder
+        run, armed = decoder.run_with_iobinding, threading.Event()
+
+        def failing_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if armed.is_set():
+                armed.clear()
+                raise RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc((void**)&p, size);")
+            return run(*args, **kwargs)
+
+        decoder.run_with_iobinding = failing_run  # type: ignore[method-assign]
+        channel, stub = server.stub()
+        with channel:
+            armed.set()
+            code, details = code_of(stub.Translate, texts_request("Hund"), timeout=30)
+            assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "out of memory" in details and "cudaMalloc" not in details
+            assert stub.Translate(texts_request("Hund"), timeout=30).translations  # still serving
+
+
 def test_row21_bearer_token_is_required_when_configured(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir, auth_token="s3cret")) as server:
         channel, stub = server.stub()
