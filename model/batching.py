@@ -24,6 +24,13 @@ class Batch:
     def size(self) -> int:
         return self.src_ids.shape[0]
 
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on `device` (itself when it is there already)."""
+        if self.src_ids.device == device:
+            return self
+        src_ids, src_mask, tgt_in, tgt_out = (tensor.to(device, non_blocking=True) for tensor in (self.src_ids, self.src_mask, self.tgt_in, self.tgt_out))
+        return Batch(src_ids, src_mask, tgt_in, tgt_out, self.n_tgt_tokens)
+
 
 def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
     """Tensors for (source ids, target ids) pairs, neither with special tokens yet."""

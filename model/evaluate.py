@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from model.checkpoint import load_checkpoint, load_train_info, save_train_info
 from model.corpus import read_tsv
+from model.device import DEVICE_CHOICES, pick_device
 from model.search import SearchOptions, generate
 from model.tokenizer import Tokenizer
 from model.torch_step import TorchStep
@@ -78,15 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, help="hypotheses file (default: CHECKPOINT/hyps.<test>.beam<K>.txt)")
     parser.add_argument("--record", action="store_true", help="store the scores in CHECKPOINT/train.json under test.<name>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto = CUDA when torch sees a GPU, else CPU")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(args.checkpoint)
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
+    checkpoint = load_checkpoint(args.checkpoint, str(device))
     pairs = read_tsv(args.test)
     if args.limit:
         pairs = pairs[: args.limit]

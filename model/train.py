@@ -22,31 +22,13 @@ from model.batching import Batch, make_batch, plan_batches
 from model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
 from model.config import PRESETS, ModelConfig
 from model.corpus import read_tsv
+from model.device import DEVICE_CHOICES, bf16_is_native, native_bf16, pick_device
 from model.evaluate import score, translate
 from model.search import SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
-
-# CPU flags of native bfloat16 arithmetic (x86 AVX512-BF16 / AMX, Arm BF16). Without them torch emulates bf16
-# and autocast slows training down: measured on a Xeon with AVX-512 but no AVX512-BF16, one small-preset
-# step of 8,000 target tokens took 19.8 s with bf16 against 10.7 s in fp32; on a Zen 5 with AVX512-BF16,
-# bf16 was 1.36x faster than fp32.
-NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
-
-
-def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU computes in bfloat16 natively (the default of --bf16)."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features") and NATIVE_BF16_FLAGS & set(value.split()):
-            return True
-    return False
 
 LAST_DIR = "last"  # resume state: weights, optimizer, RNG and data position (not shipped)
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -67,7 +49,7 @@ class TrainSettings:
     valid_bleu_size: int = 500
     max_len: int = 100  # pairs with a longer side (in tokens) are skipped
     seed: int = 1234
-    bf16: bool = field(default_factory=native_bf16)  # autocast to bfloat16 where the CPU has it natively
+    bf16: bool = field(default_factory=native_bf16)  # autocast to bfloat16; nmt-train's default: where the device has it natively
     rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
 
@@ -132,8 +114,10 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], max_len
 
 
 class Trainer:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, train_pairs, valid_pairs, out: Path, settings: TrainSettings) -> None:
-        self.model = model
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, train_pairs, valid_pairs, out: Path, settings: TrainSettings,
+                 device: torch.device = torch.device("cpu")) -> None:  # fmt: skip
+        self.device = device
+        self.model = model.to(device)
         self.tokenizer = tokenizer
         # One slot is kept for EOS/BOS inside the position table.
         max_len = min(settings.max_len, model.config.max_positions - 1)
@@ -162,14 +146,19 @@ class Trainer:
         last.mkdir(parents=True, exist_ok=True)
         save_weights(self.model, last)
         state = {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "progress": dataclasses.asdict(self.progress)}
+        if self.device.type == "cuda":  # dropout draws from the GPU's generator there
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         torch.save(state, last / TRAINER_STATE_FILE)
 
     def load_last(self) -> None:
         last = self.out / LAST_DIR
         self.model.load_state_dict(load_file(str(last / WEIGHTS_FILE)))
-        state = torch.load(last / TRAINER_STATE_FILE, weights_only=False)
+        # Saved on any device, loaded on this one: the optimizer moves its moments to the parameters' device.
+        state = torch.load(last / TRAINER_STATE_FILE, weights_only=False, map_location="cpu")
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         self.progress = Progress(**state["progress"])
         logger.info("resumed at step %d (epoch %d, batch %d)", self.progress.step, self.progress.epoch, self.progress.batch_in_epoch)
 
@@ -210,7 +199,7 @@ class Trainer:
         total_loss, total_tokens = 0.0, 0
         with torch.inference_mode():
             for index in self.valid_batches:
-                batch = make_batch([self.valid_ids[i] for i in index])
+                batch = make_batch([self.valid_ids[i] for i in index]).to(self.device)
                 total_loss += float(batch_loss(self.model, batch, 0.0))
                 total_tokens += batch.n_tgt_tokens
         sample = self.valid_pairs[: self.settings.valid_bleu_size]
@@ -264,7 +253,8 @@ class Trainer:
     def train_step(self, batch: Batch) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.progress.step + 1, self.settings) * restart_scale(self.progress, self.settings)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
+        batch = batch.to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
             loss = batch_loss(self.model, batch, self.settings.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         (loss / batch.n_tgt_tokens).backward()
@@ -307,9 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly, or without it from the best weights in OUT")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto = CUDA when torch sees a GPU, else CPU")
     for item in dataclasses.fields(TrainSettings):
         flag = "--" + item.name.replace("_", "-")
-        if item.type == "bool":
+        if item.name == "bf16":  # its default depends on the device, known only once --device is read
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help="autocast to bfloat16 (default: where the device computes it natively)")  # fmt: skip
+        elif item.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(defaults, item.name))
         else:
             parser.add_argument(flag, type=type(getattr(defaults, item.name)), default=item.default)
@@ -318,7 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.bf16 is None:
+        args.bf16 = bf16_is_native(device)
     settings = TrainSettings(**{item.name: getattr(args, item.name) for item in dataclasses.fields(TrainSettings)})
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exact = (args.out / LAST_DIR / TRAINER_STATE_FILE).is_file()
     if args.resume:
         config = ModelConfig.load(args.out / (LAST_DIR if exact else "") / "config.json")
-    trainer = Trainer(Transformer(config), tokenizer, train_pairs, valid_pairs, args.out, settings)
+    trainer = Trainer(Transformer(config), tokenizer, train_pairs, valid_pairs, args.out, settings, device)
     record = load_train_info(args.out) if args.resume else {}
     if args.resume and exact:
         trainer.load_last()
@@ -344,8 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings=dataclasses.asdict(settings),
         corpus={"train": str(args.train), "valid": str(args.valid), "train_pairs": len(trainer.train_ids), "valid_pairs": len(valid_pairs)},
         threads=torch.get_num_threads(),
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     )
-    logger.info("%d training pairs, %.1fM parameters", len(trainer.train_ids), sum(p.numel() for p in trainer.model.parameters()) / 1e6)
+    logger.info("%d training pairs, %.1fM parameters, on %s (bf16 %s)", len(trainer.train_ids),
+                sum(p.numel() for p in trainer.model.parameters()) / 1e6, record["device"], "on" if settings.bf16 else "off")  # fmt: skip
     trainer.run(record)
     return 0
 

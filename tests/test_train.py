@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 
 from model.batching import make_batch, plan_batches
 from model.checkpoint import load_checkpoint
+from model.device import native_bf16, pick_device
 from model.evaluate import main as eval_main
-from model.train import TrainSettings, learning_rate, native_bf16
+from model.train import TrainSettings, learning_rate
 from model.train import main as train_main
 
 
@@ -57,6 +58,28 @@ def test_train_writes_checkpoint_dir(tiny_checkpoint: Path) -> None:
     assert {"bleu", "chrf", "valid_nll"} <= set(info["best"])
     checkpoint = load_checkpoint(tiny_checkpoint)
     assert checkpoint.config.vocab_size == checkpoint.tokenizer.vocab_size
+
+
+def test_train_records_the_device_it_ran_on(tiny_checkpoint: Path) -> None:
+    info = json.loads((tiny_checkpoint / "train.json").read_text())
+    assert info["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+
+
+def test_pick_device_takes_the_gpu_only_when_torch_sees_one() -> None:
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda"):
+        pick_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a GPU here: --device cuda is no error")
+def test_train_on_cuda_without_a_gpu_is_refused_not_run_on_the_cpu(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        train_main([*train_args(tiny_corpus, tmp_path / "run", 2), "--device", "cuda"])
+    assert stopped.value.code == 2
+    assert "device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_loss_decreases(tiny_checkpoint: Path) -> None:
