@@ -280,8 +280,12 @@ def _hash_order(pairs: list[Pair], seed: int) -> list[Pair]:
 
 
 def split_corpus(sentences: list[Pair], others: list[Pair], test_size: int, valid_size: int,
-                 seed: int, counts: Counts) -> tuple[list[Pair], list[Pair], list[Pair]]:
-    """Hold out test and valid Ding sentences; train keeps nothing whose either side is a test side."""
+                 seed: int, counts: Counts, sentence_copies: int = 1) -> tuple[list[Pair], list[Pair], list[Pair]]:
+    """Hold out test and valid Ding sentences; train keeps nothing whose either side is a test side.
+
+    sentence_copies: how many times each training Ding sentence is written (upsampling the
+    held-out sets' own domain); the held-out sets do not depend on it.
+    """
     ordered = _hash_order(sentences, seed)
     test = ordered[:test_size]
     test_keys = {_overlap_key(s) for pair in test for s in pair}
@@ -300,14 +304,14 @@ def split_corpus(sentences: list[Pair], others: list[Pair], test_size: int, vali
             rest.append(pair)
     # Only sentence pairs were hash-ordered; keep the rest in input order so the shuffle is reproducible.
     rest_set = set(rest)
-    train = [p for p in sentences if p in rest_set]
+    train = [p for p in sentences if p in rest_set] * sentence_copies
     for pair in others:
         if overlaps_test(pair):
             counts.split["removed_overlap_test"] += 1
         else:
             train.append(pair)
     random.Random(seed).shuffle(train)
-    counts.split.update(train=len(train), valid=len(valid), test=len(test))
+    counts.split.update(train=len(train), valid=len(valid), test=len(test), train_sentences=len(rest) * sentence_copies)
     return train, valid, test
 
 
@@ -348,7 +352,7 @@ def build_corpus(args: argparse.Namespace) -> dict:
     # Sentences are cleaned first so the held-out sets never depend on the gettext catalogs present.
     sentences = clean_pairs(sentences, counts, seen)
     others = clean_pairs(phrases, counts, seen) + clean_pairs(gettext_pairs, counts, seen) + clean_pairs(help_pairs, counts, seen)
-    train, valid, test = split_corpus(sentences, others, args.test_size, args.valid_size, args.seed, counts)
+    train, valid, test = split_corpus(sentences, others, args.test_size, args.valid_size, args.seed, counts, args.sentence_copies)
     os.makedirs(args.out, exist_ok=True)
     for name, pairs in (("train", train), ("valid", valid), ("test", test)):
         write_tsv(os.path.join(args.out, f"{name}.tsv"), pairs)
@@ -368,6 +372,7 @@ def build_corpus(args: argparse.Namespace) -> dict:
             "help_roots": [os.path.abspath(path) for path in help_roots],
             "libreoffice_help_de_package_version": _package_version("libreoffice-help-de"),
             "seed": args.seed,
+            "sentence_copies": args.sentence_copies,
         },
     }
     with open(os.path.join(args.out, "corpus.json"), "w", encoding="utf-8") as f:
@@ -395,7 +400,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--valid-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1234)
-    return parser.parse_args(argv)
+    parser.add_argument("--sentence-copies", type=int, default=1,
+                        help="write each training Ding example sentence N times: they are the held-out sets' domain "
+                             "(everyday sentences) and otherwise under 7%% of the training pairs")
+    args = parser.parse_args(argv)
+    if args.sentence_copies < 1:
+        parser.error(f"--sentence-copies must be at least 1, got {args.sentence_copies}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,23 @@ def test_main_deterministic(inputs: tuple[Path, Path], tmp_path: Path) -> None:
     assert run_main(*inputs, tmp_path / "b") == 0
     for name in ("train.tsv", "valid.tsv", "test.tsv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_sentence_copies_repeat_only_the_training_sentences(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    ding, locale = inputs
+    assert run_main(ding, locale, tmp_path / "once") == 0
+    args = ["--ding", str(ding), "--locale-dir", str(locale), "--help-root", "", "--test-size", "5", "--valid-size", "5"]
+    assert main(["--out", str(tmp_path / "thrice"), *args, "--sentence-copies", "3"]) == 0
+    once, thrice = (Counter(read_tsv(tmp_path / name / "train.tsv")) for name in ("once", "thrice"))
+    sentences = {pair for pair in once if pair[0].startswith(("Das Haus Nummer", "Der Vorgang"))}  # write_ding's sentences
+    assert len(sentences) == N_SENTENCES + 1 - 10  # all but the held-out ones
+    assert thrice == once + Counter({pair: 2 for pair in sentences})  # phrases and catalog pairs stay single
+    for name in ("valid.tsv", "test.tsv"):
+        assert (tmp_path / "once" / name).read_bytes() == (tmp_path / "thrice" / name).read_bytes()
+    report = json.loads((tmp_path / "thrice" / "corpus.json").read_text())
+    assert report["split"]["train_sentences"] == 3 * len(sentences) and report["inputs"]["sentence_copies"] == 3
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "none"), *args, "--sentence-copies", "0"])
 
 
 def test_main_test_split_ignores_gettext(inputs: tuple[Path, Path], tmp_path: Path) -> None:
