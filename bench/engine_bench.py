@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import random
 import statistics
@@ -140,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 checkpoint, model_dirs = build_random_checkpoint(work / "base")
                 test = None
             systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2)
+            # torch and the systems' objects frozen: a full collection (~80 ms over ~170k objects) would
+            # otherwise land in a random cell of a random system.
+            gc.freeze()
             vocab = load_checkpoint(checkpoint).config.vocab_size
             sources = sample_sources(test, max(32, *(c.batch for c in cells)), vocab, checkpoint)  # 32: the metrics-cost cells
             results = time_cells(systems, sources, cells, args.repeats)

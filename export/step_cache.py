@@ -103,7 +103,8 @@ class StepCache:
         else:
             self._arrange_rows(parents, in_place)
         keys = np.asarray(source_keys, dtype=np.int64)
-        if self._row_keys is None or not np.array_equal(self._row_keys, keys):
+        # Bytes compared, not np.array_equal: this runs every step and the arrays are a few hundred ids at most.
+        if self._row_keys is None or len(self._row_keys) != len(keys) or self._row_keys.tobytes() != keys.tobytes():
             self._arrange_sources(keys, np.asarray(source_slots, dtype=np.int64), pool_cross, pool_mask)
         self._tgt_ids[:rows, 0] = tgt_ids
         self.rows = rows

@@ -322,7 +322,9 @@ class Engine:
         next_tokens = [job.searcher.next_tokens for job in jobs]  # type: ignore[union-attr]
         counts = [len(tokens) for tokens in next_tokens]
         rows = sum(counts)
-        origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined else job.row_ids[job.local_parents]
+        # A request with one row before and after (greedy) continues its row: no index needed.
+        origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined
+                                 else job.row_ids if count == 1 == len(job.row_ids) else job.row_ids[job.local_parents]
                                  for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
         last_counts, last_slots, last_keys = self._layout
         if not joined and counts == last_counts and bool((origin == np.arange(rows)).all()):
@@ -417,10 +419,14 @@ class Engine:
         jobs = [job for job in self.active if isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
         if not jobs:
             return {}
-        rows = np.array([job.row_ids[0] for job in jobs], dtype=np.int64)
-        # Every row greedy and in order (the common case): a view, not a copy of the (rows, V) array.
-        in_order = len(rows) == len(log_probs) and bool((rows == np.arange(len(rows))).all())
-        results = advance_greedy([job.searcher for job in jobs], log_probs if in_order else log_probs[rows])  # type: ignore[misc]
+        # Every row greedy and in order (the common case): a view, not a copy of the (rows, V) array. A
+        # steady layout (rows 0..n-1 in job order) of greedy jobs alone is in order without looking.
+        chosen = log_probs
+        if not (len(jobs) == len(self.active) and self._in_place_rows is not None):
+            rows = np.array([job.row_ids[0] for job in jobs], dtype=np.int64)
+            if not (len(rows) == len(log_probs) and bool((rows == np.arange(len(rows))).all())):
+                chosen = log_probs[rows]
+        results = advance_greedy([job.searcher for job in jobs], chosen)  # type: ignore[misc]
         return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
 
     def _max_length(self, job: Job) -> int:
