@@ -41,7 +41,7 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every row; keep the buffers for the next rows unless they have grown past KEEP_BYTES."""
-        held = sum(buffer.nbytes for buffer in (*self._self_kv, *self._cross))
+        held = self._kv_block.nbytes + sum(buffer.nbytes for buffer in self._cross)
         if held > KEEP_BYTES:
             self.reset()
             return
@@ -52,7 +52,7 @@ class StepCache:
     def reset(self) -> None:
         """Drop every row and give the memory back."""
         self.rows = self.sources = 0
-        self._self_kv = [self._zeros(0, 0) for _ in self.past_names]  # (row capacity, H, length capacity, Dh)
+        self._set_kv_block(np.zeros((len(self.past_names), *self._zeros(0, 0).shape), dtype=np.float32))
         self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (source capacity, H, source length capacity, Dh)
         self._src_mask = np.zeros((0, 0), dtype=bool)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
@@ -74,7 +74,7 @@ class StepCache:
     @property
     def capacity(self) -> tuple[int, int, int]:
         """(rows, cached tokens per row, source tokens per row) the buffers hold now."""
-        return self._positions.shape[0], self._self_kv[0].shape[2] if self._self_kv else 0, self._src_mask.shape[1]
+        return self._positions.shape[0], self._kv_block.shape[3], self._src_mask.shape[1]
 
     @property
     def positions(self) -> np.ndarray:
@@ -121,8 +121,9 @@ class StepCache:
         if moved.any():
             destination, origin = np.flatnonzero(moved), parents[moved]
             used = int(self._positions[origin].max())
-            for buffer in self._self_kv:  # the right side is copied first, so overlapping moves are safe
-                buffer[destination, :, :used] = buffer[origin, :, :used]
+            # One statement for every cache tensor (they share one block); the right side is copied
+            # first, so overlapping moves are safe.
+            self._kv_block[:, destination, :, :used] = self._kv_block[:, origin, :, :used]
         self._positions[:rows] = positions
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
@@ -199,6 +200,12 @@ class StepCache:
         # Zeros, not empty: masked source slots are multiplied by 0, and 0 * NaN from stale memory is NaN.
         return np.zeros((rows, self.n_heads, length, self.head_dim), dtype=np.float32)
 
+    def _set_kv_block(self, block: np.ndarray) -> None:
+        """All self-attention caches in one array (tensor, row capacity, H, length capacity, Dh), so a row move
+        is one copy for every tensor; `_self_kv` holds each tensor's (contiguous) view, bound to the graph."""
+        self._kv_block = block
+        self._self_kv = list(block)
+
     def _reserve(self, rows: int, length: int) -> None:
         """Grow the row buffers (doubling) so `rows` rows of `length` cached tokens fit."""
         if length > self.max_positions:
@@ -209,7 +216,9 @@ class StepCache:
         new_rows = max(rows, row_cap * 2 if rows > row_cap else row_cap, INITIAL_ROWS)
         new_length = min(max(length, length_cap * 2 if length > length_cap else length_cap, INITIAL_LENGTH), self.max_positions)
         live = self.rows
-        self._self_kv = [self._grown(buffer, new_rows, new_length, live, length_cap) for buffer in self._self_kv]
+        block = np.zeros((len(self.past_names), new_rows, self.n_heads, new_length, self.head_dim), dtype=np.float32)
+        block[:, :live, :, :length_cap] = self._kv_block[:, :live, :, :length_cap]
+        self._set_kv_block(block)
         self._positions = self._grown_vector(self._positions, new_rows, 0)
         self._tgt_ids = np.zeros((new_rows, 1), dtype=np.int64)
         self._row_queries = np.zeros(new_rows, dtype=np.int64)

@@ -119,6 +119,12 @@ class EngineLimits:
     max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
 
 
+def split_rows(rows: np.ndarray, counts: list[int]) -> list[np.ndarray]:
+    """Consecutive slices of `rows`, of the given lengths (np.split's result, without its per-call cost)."""
+    ends = list(itertools.accumulate(counts))
+    return [rows[end - count : end] for count, end in zip(counts, ends, strict=True)]
+
+
 def length_groups(jobs: list[Job], stretch: float = 1.5, slack: int = 4) -> list[list[Job]]:
     """Jobs sorted by source length, cut where a source is over `stretch` x its group's shortest + `slack` tokens."""
     groups: list[list[Job]] = []
@@ -330,7 +336,7 @@ class Engine:
         if not joined and counts == last_counts and bool((origin == np.arange(rows)).all()):
             # Same jobs and row counts, every row continuing in its own place: only the tokens change.
             if self._in_place_rows is None:
-                self._in_place_rows = np.split(origin, np.cumsum(counts)[:-1])
+                self._in_place_rows = split_rows(origin, counts)
             for job, row_ids in zip(jobs, self._in_place_rows, strict=True):
                 job.row_ids = row_ids
             return last_slots, last_keys, origin, np.concatenate(next_tokens)
@@ -349,7 +355,7 @@ class Engine:
         tokens[place] = np.concatenate(next_tokens)
         slots[place] = np.repeat(np.array([job.slot for job in jobs], dtype=np.int64), counts)
         keys[place] = np.repeat(np.array([job.job_id for job in jobs], dtype=np.int64), counts)
-        for job, row_ids in zip(jobs, np.split(place, np.cumsum(counts)[:-1]), strict=True):
+        for job, row_ids in zip(jobs, split_rows(place, counts), strict=True):
             job.row_ids = row_ids
         self._layout, self._in_place_rows = (counts, slots, keys), None
         return slots, keys, parents, tokens
