@@ -18,6 +18,7 @@ from bench.report import write_report
 from bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
 from model.checkpoint import load_checkpoint
 from model.corpus import read_tsv
+from server.engine import StepProfile
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +77,18 @@ def format_table(title: str, systems: list[System], cells: list[Cell], results: 
 
 
 def format_profiles(model: str, systems: list[EngineSystem]) -> str:
-    """Share of engine step time by part, over every cell that system ran (warm-ups included)."""
-    parts = list(systems[0].engine.profile.shares())
-    lines = [f"Where {model}-model engine step time goes (all cells):", "", "| system | steps | " + " | ".join(parts) + " |",
-             "|---|---|" + "---|" * len(parts)]  # fmt: skip
-    for system in systems:
-        shares = system.engine.profile.shares()
-        lines.append(f"| {system.name} | {system.engine.profile.steps} | " + " | ".join(f"{100 * shares[p]:.0f}%" for p in parts) + " |")
+    """Share of engine step time by part, per cell (warm-up runs included): ONNX Runtime (encoder, decoder)
+    against the engine's own numpy and Python (search, cache moves, bookkeeping)."""
+    parts = list(StepProfile().shares())
+    lines = [f"Where {model}-model engine step time goes, per cell (host = search + cache moves + bookkeeping):", "",
+             "| batch | beam | system | steps | " + " | ".join(parts) + " | host |", "|---|---|---|---|" + "---|" * (len(parts) + 1)]  # fmt: skip
+    host_parts = [part for part in parts if part not in ("encoder run", "decoder run")]
+    for cell in systems[0].cell_profiles:
+        for system in systems:
+            profile = system.cell_profiles[cell]
+            shares = profile.shares()
+            cells = " | ".join(f"{100 * shares[part]:.0f}%" for part in parts)
+            lines.append(f"| {cell.batch} | {cell.beam} | {system.name} | {profile.steps} | {cells} | {100 * sum(shares[p] for p in host_parts):.0f}% |")
     return "\n".join(lines)
 
 

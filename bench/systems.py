@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -13,7 +13,7 @@ import torch
 from model.checkpoint import load_checkpoint
 from model.search import SearchOptions, generate
 from model.torch_step import TorchStep
-from server.engine import Engine, EngineLimits
+from server.engine import Engine, EngineLimits, StepProfile
 from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
 
@@ -61,8 +61,15 @@ class EngineSystem:
         self.metrics = Metrics() if metrics else None
         self.engine = Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22), self.metrics)
         self.name = f"nmt-serve {label}"
+        self.cell_profiles: dict[Cell, StepProfile] = {}  # where step time went, per cell this system ran
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
+        before = replace(self.engine.profile)
+        tokens = self._run(sources, cell)
+        self.cell_profiles[cell] = self.cell_profiles.get(cell, StepProfile()) + (self.engine.profile - before)
+        return tokens
+
+    def _run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         options = forced_options(cell)
         started = time.perf_counter()
         jobs = [self.engine.submit(source, options) for source in sources]

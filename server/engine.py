@@ -106,6 +106,13 @@ class StepProfile:
     arrange_s: float = 0.0
     search_s: float = 0.0
 
+    def __add__(self, other: StepProfile) -> StepProfile:
+        return StepProfile(**{name: value + getattr(other, name) for name, value in vars(self).items()})
+
+    def __sub__(self, earlier: StepProfile) -> StepProfile:
+        """What was added since `earlier` (a copy of this profile taken before)."""
+        return StepProfile(**{name: value - getattr(earlier, name) for name, value in vars(self).items()})
+
     def shares(self) -> dict[str, float]:
         total = max(self.total_s, 1e-12)
         other = self.total_s - self.encode_s - self.decode_s - self.arrange_s - self.search_s

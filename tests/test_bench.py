@@ -63,7 +63,11 @@ def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["decoder run"] > 0 and shares["encoder run"] > 0
     assert shares["cache moves (beam reorders, rows leaving)"] > 0  # beam 2 reorders its rows
-    assert "| nmt-serve fp32 |" in format_profiles("tiny", [system])
+    table = format_profiles("tiny", [system])
+    assert "| 3 | 2 | nmt-serve fp32 |" in table  # one row per cell and system
+    row = next(line for line in table.splitlines() if line.startswith("| 3 | 2 |"))
+    *shares, host = [float(value.strip().rstrip("%")) for value in row.split("|")[5:-1]]
+    assert sum(shares) == pytest.approx(100, abs=3) and host == pytest.approx(sum(shares[2:]), abs=2)  # host = search + moves + bookkeeping
 
 
 def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
