@@ -16,6 +16,7 @@ Torch-free: the server imports it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -27,6 +28,14 @@ MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, m
 INITIAL_LENGTH = 16
 # An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
 KEEP_BYTES = 64 << 20
+MAX_BINDINGS = 64  # IO bindings kept, one per (rows, sources, queries) layout met since the buffers last moved
+
+
+@dataclass
+class Binding:
+    io_binding: ort.IOBinding
+    layout: tuple[int, int, int]  # (rows, sources, queries)
+    candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
 
 
 class StepCache:
@@ -59,16 +68,16 @@ class StepCache:
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
         self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a source place holds; -1 = none
         self._row_keys: np.ndarray | None = None  # per row of the arranged call: its source key (unchanged keys: same layout)
-        self._source_queries = np.zeros((0, 0), dtype=np.int64)  # (sources, queries): the rows reading each source
+        self._source_query_buffer = np.zeros(0, dtype=np.int64)  # source_queries lives at its front
+        self._source_queries = self._source_query_buffer.reshape(0, 0)  # (sources, queries): the rows reading each source
         self._row_queries = np.zeros(0, dtype=np.int64)  # per row: its place in the flattened (sources * queries)
         self._log_probs = np.zeros((0, self.vocab_size), dtype=np.float32)
         self._candidate_rows = np.zeros(0, dtype=np.int64)
         self._candidate_count = np.zeros(1, dtype=np.int64)
         self._candidate_log_probs = np.zeros(0, dtype=np.float32)  # flat: (n, count) views of the front
         self._candidate_ids = np.zeros(0, dtype=np.int64)
-        self._binding: ort.IOBinding | None = None
-        self._bound_layout = (-1, -1, -1)  # (rows, sources, queries) the binding has
-        self._bound_candidates = (-1, -1)
+        self._bindings: dict[tuple[int, int, int], Binding] = {}  # by (rows, sources, queries)
+        self._binding: Binding | None = None  # the arranged call's
         self._wanted = (0, 0)  # (candidate rows, candidates per row) of the arranged call
 
     @property
@@ -151,8 +160,11 @@ class StepCache:
         by_source = np.argsort(source_of_row, kind="stable")
         starts = np.cumsum(counts) - counts
         rank = np.arange(rows) - np.repeat(starts, counts)
-        if self._source_queries.shape != (sources, queries):
-            self._source_queries = np.empty((sources, queries), dtype=np.int64)  # a new shape: bound again in `run`
+        if self._source_queries.shape != (sources, queries):  # a new shape, at the same address
+            if sources * queries > len(self._source_query_buffer):
+                self._source_query_buffer = np.zeros(max(sources * queries, 2 * len(self._source_query_buffer)), dtype=np.int64)
+                self._forget_bindings()
+            self._source_queries = self._source_query_buffer[: sources * queries].reshape(sources, queries)
         self._source_queries[:] = by_source[starts][:, None]
         self._source_queries[source_of_row[by_source], rank] = by_source
         self._row_queries[by_source] = source_of_row[by_source] * queries + rank
@@ -168,7 +180,7 @@ class StepCache:
             self._candidate_rows = np.zeros(size, dtype=np.int64)
             self._candidate_log_probs = np.zeros(size * MAX_CANDIDATES, dtype=np.float32)
             self._candidate_ids = np.zeros(size * MAX_CANDIDATES, dtype=np.int64)
-            self._bound_candidates = (-1, -1)
+            self._forget_bindings()
         if wanted:
             self._candidate_rows[:wanted] = candidate_rows
         self._candidate_count[0] = count
@@ -182,11 +194,12 @@ class StepCache:
 
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
-        if self._bound_layout != (self.rows, *self._source_queries.shape) or self._binding is None:
-            self._bind()
-        if self._bound_candidates != self._wanted:
-            self._bind_candidates()
-        self.session.run_with_iobinding(self._binding)  # type: ignore[arg-type]
+        layout = (self.rows, *self._source_queries.shape)
+        if self._binding is None or self._binding.layout != layout:
+            self._binding = self._bindings.get(layout) or self._bind(layout)
+        if self._binding.candidates != self._wanted:
+            self._bind_candidates(self._binding)
+        self.session.run_with_iobinding(self._binding.io_binding)
         self._positions[: self.rows] += 1
         return self._log_probs[: self.rows]
 
@@ -224,7 +237,7 @@ class StepCache:
         self._row_queries = np.zeros(new_rows, dtype=np.int64)
         self._row_keys = None  # the row-to-source map lives in the new row_queries: make it again
         self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
-        self._binding = None  # new memory: bind again
+        self._forget_bindings()  # new memory: bind again
 
     def _reserve_sources(self, sources: int, width: int) -> None:
         """Grow the source buffers (doubling) so `sources` sources of `width` tokens fit; places keep their K/V."""
@@ -238,7 +251,7 @@ class StepCache:
         mask[:source_cap, :width_cap] = self._src_mask
         self._src_mask = mask
         self._source_keys = self._grown_vector(self._source_keys, new_sources, -1)
-        self._binding = None
+        self._forget_bindings()
 
     def _grown(self, buffer: np.ndarray, rows: int, length: int, live: int, used_length: int) -> np.ndarray:
         grown = self._zeros(rows, length)
@@ -251,8 +264,17 @@ class StepCache:
         grown[: len(vector)] = vector
         return grown
 
-    def _bind(self) -> None:
-        """Point the session at views of the first `rows` rows; presents share their past's memory."""
+    def _forget_bindings(self) -> None:
+        self._bindings.clear()
+        self._binding = None
+
+    def _bind(self, layout: tuple[int, int, int]) -> Binding:
+        """Point the session at views of the first `rows` rows; presents share their past's memory.
+
+        Every view starts at its buffer's first byte, so the binding of a layout stays valid until a
+        buffer is replaced (`_forget_bindings`): rows and sources coming and going reuse the bindings
+        of the layouts they return to (binding ~26 tensors costs ~180 us, paid at each join and leave).
+        """
         rows = self.rows
         binding = self.session.io_binding()
 
@@ -271,16 +293,18 @@ class StepCache:
         for name, buffer in zip(self.cross_names, self._cross, strict=True):
             bind(name, buffer[: self.sources])
         bind("log_probs", self._log_probs[:rows], output=True)
-        self._binding, self._bound_layout, self._bound_candidates = binding, (rows, *self._source_queries.shape), (-1, -1)
+        if len(self._bindings) >= MAX_BINDINGS:
+            self._bindings.clear()
+        self._bindings[layout] = Binding(binding, layout)
+        return self._bindings[layout]
 
-    def _bind_candidates(self) -> None:
+    def _bind_candidates(self, bound: Binding) -> None:
         """Rebind only the candidate tensors (their shapes change with the beam rows, the rest does not)."""
-        binding = self._binding
-        assert binding is not None
+        binding = bound.io_binding
         wanted, count = self._wanted
         values, ids = self.candidates()
         binding.bind_input("candidate_rows", "cpu", 0, np.int64, [wanted], self._candidate_rows.ctypes.data)
         binding.bind_input("candidate_count", "cpu", 0, np.int64, [1], self._candidate_count.ctypes.data)
         binding.bind_output("candidate_log_probs", "cpu", 0, np.float32, list(values.shape), values.ctypes.data)
         binding.bind_output("candidate_ids", "cpu", 0, np.int64, list(ids.shape), ids.ctypes.data)
-        self._bound_candidates = self._wanted
+        bound.candidates = self._wanted

@@ -124,6 +124,11 @@ class StepProfile:
 class EngineLimits:
     max_rows: int = 256  # rows (beams included) in one decoder call
     max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
+    # Newcomers join a running batch together: once `join_group` are waiting, or the oldest has waited
+    # `join_wait_steps` steps (0: at the next step). A join costs an encoder call and a new row layout
+    # whatever the number joining, so on a busy engine joining in groups buys throughput for a few steps of wait.
+    join_wait_steps: int = 0
+    join_group: int = 4
 
 
 def split_rows(rows: np.ndarray, counts: list[int]) -> list[np.ndarray]:
@@ -154,6 +159,7 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._pending: deque[Job] = deque()
+        self._waited_steps = 0  # steps the pending requests have waited to join a running batch (EngineLimits.join_wait_steps)
         self.active: list[Job] = []
         self.profile = StepProfile()
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
@@ -278,6 +284,10 @@ class Engine:
         """Move pending jobs into the batch while the row budget allows; encode them in one call."""
         if not self._pending:  # read without the lock: a job submitted right now joins at the next step
             return set()
+        if self.active and len(self._pending) < self.limits.join_group and self._waited_steps < self.limits.join_wait_steps:
+            self._waited_steps += 1
+            return set()
+        self._waited_steps = 0
         rows = sum(job.rows for job in self.active)
         cache_tokens = sum(job.rows * self._max_length(job) for job in self.active)
         admitted: list[Job] = []

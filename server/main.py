@@ -44,7 +44,9 @@ class Server:
         self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=settings.threads,
                                                                        warmup_rows=min(settings.max_rows, 64)))  # fmt: skip
         self.metrics = Metrics()
-        engine = Engine(self.runtime, EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens), self.metrics)
+        limits = EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
+                              join_group=settings.join_group)  # fmt: skip
+        engine = Engine(self.runtime, limits, self.metrics)
         queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
         self.scheduler = Scheduler(engine, queue_limits, self.metrics)
         manifest = self.runtime.manifest

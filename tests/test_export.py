@@ -86,6 +86,30 @@ def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, t
     assert ort_step.cache.positions.tolist() == [4, 2, 4, 4]
 
 
+def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """Rows joining and leaving switch between kept IO bindings (same buffers), and the results stay torch's."""
+    model = load_checkpoint(tiny_checkpoint).model
+    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]]
+    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    three, two = (np.array([0, 1, 2]), np.array([0, 1, 2])), (np.array([0, 1]), np.array([1, 0]))
+    calls = [
+        (three[0], np.full(3, -1), np.array([1, 1, 1])),
+        (three[0], three[1], np.array([20, 21, 22])),  # layout (3 rows, 3 sources, 1 query)
+        (two[0], two[1], np.array([23, 24])),  # a source left, rows swapped: (2, 2, 1)
+        (three[0], np.array([1, 0, -1]), np.array([25, 26, 1])),  # back to (3, 3, 1): the kept binding
+        (two[0], two[1], np.array([27, 28])),  # and back to (2, 2, 1)
+    ]
+    seen: dict[tuple[int, int, int], object] = {}
+    for call in calls:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        bound = ort_step.cache._binding
+        assert bound is not None
+        assert seen.setdefault(bound.layout, bound.io_binding) is bound.io_binding  # one binding per layout, reused
+    assert set(seen) == {(3, 3, 1), (2, 2, 1)}
+
+
 def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_dir: Path, tiny_checkpoint: Path) -> None:
     """Beams of unequal width share a source's cross K/V; a source leaving, one joining and rows moving keep torch's results."""
     model = load_checkpoint(tiny_checkpoint).model
