@@ -31,6 +31,14 @@ def variant_dir(request: pytest.FixtureRequest, tiny_checkpoint: Path, tiny_corp
     return out
 
 
+def begin_both(model_dir: Path, checkpoint: Path, sources: list[list[int]]) -> tuple[TorchStep, OrtStep]:
+    """The PyTorch step and the ONNX Runtime step of one model, both begun on `sources`."""
+    torch_step, ort_step = TorchStep(load_checkpoint(checkpoint).model), OrtStep(model_dir)
+    for step in (torch_step, ort_step):
+        step.begin(sources)
+    return torch_step, ort_step
+
+
 def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     manifest = load_model_dir(fp32_dir)
     assert manifest.precision == "fp32"
@@ -58,23 +66,15 @@ def test_export_fp32_parity_in_manifest(fp32_dir: Path) -> None:
 
 
 def test_export_empty_past_first_step_matches_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
-    model = load_checkpoint(tiny_checkpoint).model
-    sources = [[5, 6, 7, 8], [9], [10, 11]]
-    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
-    for step in (torch_step, ort_step):
-        step.begin(sources)
-    args = (np.array([0, 1, 2]), np.array([-1, -1, -1]), np.full(3, model.config.bos_id))
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8], [9], [10, 11]])
+    args = (np.array([0, 1, 2]), np.array([-1, -1, -1]), np.full(3, ort_step.config.bos_id))
     np.testing.assert_allclose(ort_step(*args), torch_step(*args), atol=1e-4)
     assert ort_step.cache.positions.tolist() == [1, 1, 1]  # each row has cached its first token
 
 
 def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
     """Batch of 4 rows: two continue (one duplicated, as in a beam), one joins at position 0, sources of 3 lengths."""
-    model = load_checkpoint(tiny_checkpoint).model
-    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]]
-    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
-    for step in (torch_step, ort_step):
-        step.begin(sources)
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]])
     calls = [
         (np.array([0, 1]), np.array([-1, -1]), np.array([1, 1])),
         (np.array([0, 1]), np.array([0, 1]), np.array([20, 21])),
@@ -88,11 +88,7 @@ def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, t
 
 def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path, tiny_checkpoint: Path) -> None:
     """Rows joining and leaving switch between kept IO bindings (same buffers), and the results stay torch's."""
-    model = load_checkpoint(tiny_checkpoint).model
-    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]]
-    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
-    for step in (torch_step, ort_step):
-        step.begin(sources)
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]])
     three, two = (np.array([0, 1, 2]), np.array([0, 1, 2])), (np.array([0, 1]), np.array([1, 0]))
     calls = [
         (three[0], np.full(3, -1), np.array([1, 1, 1])),
@@ -112,11 +108,7 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
 
 def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_dir: Path, tiny_checkpoint: Path) -> None:
     """Beams of unequal width share a source's cross K/V; a source leaving, one joining and rows moving keep torch's results."""
-    model = load_checkpoint(tiny_checkpoint).model
-    sources = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14], [15, 16]]
-    torch_step, ort_step = TorchStep(model), OrtStep(fp32_dir)
-    for step in (torch_step, ort_step):
-        step.begin(sources)
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14], [15, 16]])
     calls = [
         (np.array([0, 0, 0, 1, 2, 2]), np.full(6, -1), np.array([1, 1, 1, 1, 1, 1])),
         (np.array([0, 0, 0, 1, 2, 2]), np.array([0, 0, 2, 3, 5, 4]), np.array([20, 21, 22, 23, 24, 25])),
