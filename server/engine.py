@@ -125,8 +125,10 @@ class EngineLimits:
     max_rows: int = 256  # rows (beams included) in one decoder call
     max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
     # Newcomers join a running batch together: once `join_group` are waiting, or the oldest has waited
-    # `join_wait_steps` steps (0: at the next step). A join costs an encoder call and a new row layout
-    # whatever the number joining, so on a busy engine joining in groups buys throughput for a few steps of wait.
+    # `join_wait_steps` steps (0: at the next step). Every join stalls the running requests for an encoder
+    # call and a new row layout, so near saturation joining in groups keeps the long requests' tail down
+    # (measured in the README), for a few steps of wait. A cancelled or expired newcomer is dropped when it
+    # would have joined.
     join_wait_steps: int = 0
     join_group: int = 4
 
