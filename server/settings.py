@@ -32,7 +32,8 @@ class ServerSettings:
     max_rows: int = 128  # rows (beams included) in one decoder call
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V
     # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
-    # steps (0 = every step). Open loop, int8, one core: p99 0.43 -> 0.24 s at 90 requests/s, p50 +3 ms at 60.
+    # steps (0 = every step). Open loop, int8, one core (bench/results/join_policy.md): p99 0.273 -> 0.253 s
+    # at 90 requests/s and 0.330 -> 0.279 s at 110, p50 within a few ms.
     join_wait_steps: int = 4
     join_group: int = 4
     default_deadline_s: float = 30.0  # applied when the client sets no deadline

@@ -88,3 +88,13 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
         assert title in report
     sigterm_row = report.split("SIGTERM under load")[1].splitlines()[4].split("|")
     assert sigterm_row[4].strip() == "0" and sigterm_row[7].strip() == "0"  # nothing lost, exit code 0
+
+
+def test_join_policy_table_has_a_row_per_wait_and_one_for_static(tiny_model_dir: Path) -> None:
+    from bench.join_policy import compare_waits
+
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    table = compare_waits(runtime, SOURCES, rates=[200.0], waits=[0, 3], seconds=0.1, replays=1)
+    rows = [line for line in table.splitlines() if line.startswith("| 200 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["continuous, joins wait up to 0 steps", "continuous, joins wait up to 3 steps", "static"]
+    assert all(float(row.split("|")[3]) > 0 for row in rows)  # engine time per request was measured
