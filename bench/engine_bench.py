@@ -87,8 +87,8 @@ def format_profiles(model: str, systems: list[EngineSystem]) -> str:
         for system in systems:
             profile = system.cell_profiles[cell]
             shares = profile.shares()
-            cells = " | ".join(f"{100 * shares[part]:.0f}%" for part in parts)
-            lines.append(f"| {cell.batch} | {cell.beam} | {system.name} | {profile.steps} | {cells} | {100 * sum(shares[p] for p in host_parts):.0f}% |")
+            columns = " | ".join(f"{100 * shares[part]:.0f}%" for part in parts)
+            lines.append(f"| {cell.batch} | {cell.beam} | {system.name} | {profile.steps} | {columns} | {100 * sum(shares[p] for p in host_parts):.0f}% |")
     return "\n".join(lines)
 
 
