@@ -18,10 +18,12 @@ from bench.engine_bench import sample_sources
 from bench.open_loop import Run, drive, poisson_arrivals
 from bench.report import write_report
 from server.runtime import Runtime, RuntimeSettings
+from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = Path("artifacts/de-en-small/onnx-int8")
+JOIN_GROUP = ServerSettings().join_group  # the server's; the wait is what varies
 
 
 def engine_ms_per_request(run: Run) -> float:
@@ -35,7 +37,7 @@ def compare_waits(runtime: Runtime, sources: Sequence[list[int]], rates: Sequenc
     for rate in rates:
         arrivals = poisson_arrivals(sources, rate, seconds, seed=5)
         for wait in waits:
-            runs = [drive(runtime, arrivals, True, join_wait_steps=wait) for _ in range(replays)]
+            runs = [drive(runtime, arrivals, True, joins=(wait, JOIN_GROUP)) for _ in range(replays)]
             lines.append(format_row(rate, f"continuous, joins wait up to {wait} steps", runs))
         lines.append(format_row(rate, "static", [drive(runtime, arrivals, False) for _ in range(replays)]))
         logger.info("%.0f requests/s done", rate)
@@ -43,11 +45,9 @@ def compare_waits(runtime: Runtime, sources: Sequence[list[int]], rates: Sequenc
 
 
 def format_row(rate: float, name: str, runs: list[Run]) -> str:
-    def median(values: Sequence[float]) -> float:
-        return statistics.median(values)
-
-    return (f"| {rate:.0f} | {name} | {median([engine_ms_per_request(run) for run in runs]):.2f} | {median([run.p50_s for run in runs]):.3f} "
-            f"| {median([run.p99_s for run in runs]):.3f} | {median([run.requests_per_s for run in runs]):.1f} |")  # fmt: skip
+    median = statistics.median
+    return (f"| {rate:.0f} | {name} | {median(engine_ms_per_request(run) for run in runs):.2f} | {median(run.p50_s for run in runs):.3f} "
+            f"| {median(run.p99_s for run in runs):.3f} | {median(run.requests_per_s for run in runs):.1f} |")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
     parser.add_argument("--rates", default="60,90,110", help="offered requests/s, comma-separated")
-    parser.add_argument("--waits", default="0,2,4,8", help="join_wait_steps values, comma-separated (join group: 4)")
+    parser.add_argument("--waits", default="0,2,4,8", help=f"join_wait_steps values, comma-separated (join group: {JOIN_GROUP})")
     parser.add_argument("--seconds", type=float, default=8.0, help="arrivals per replay")
     parser.add_argument("--replays", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)

@@ -30,7 +30,7 @@ LOADS = (0.3, 0.5, 0.7, 0.9)  # offered rate as a share of the measured static-b
 SHORT_TOKENS = 16
 UNCAPPED_ROWS = 256
 ROW_CAPS = (32,)
-JOIN_WAIT_STEPS = ServerSettings().join_wait_steps  # the server's default, with its default join group
+SERVER_JOINS = (ServerSettings().join_wait_steps, ServerSettings().join_group)  # the server's default join policy
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,11 @@ def poisson_arrivals(sources: Sequence[list[int]], rate_per_s: float, duration_s
         arrivals.append(Arrival(now, rng.choice(sources), options))
 
 
-def drive(runtime: Runtime, arrivals: list[Arrival], continuous: bool, max_rows: int = UNCAPPED_ROWS, join_wait_steps: int = 0) -> Run:
-    """Replays arrivals in real time. Continuous: arrivals join between steps (in groups, with join_wait_steps).
-    Static: a batch runs to completion first."""
-    engine = Engine(runtime, EngineLimits(max_rows=max_rows, max_cache_tokens=1 << 22, join_wait_steps=join_wait_steps))
+def drive(runtime: Runtime, arrivals: list[Arrival], continuous: bool, max_rows: int = UNCAPPED_ROWS, joins: tuple[int, int] = (0, 1)) -> Run:
+    """Replays arrivals in real time. Continuous: arrivals join between steps; joins = (join_wait_steps, join_group)
+    of EngineLimits, (0, 1) = each at the next step. Static: a batch runs to completion first."""
+    join_wait_steps, join_group = joins
+    engine = Engine(runtime, EngineLimits(max_rows=max_rows, max_cache_tokens=1 << 22, join_wait_steps=join_wait_steps, join_group=join_group))
     started = time.perf_counter()
     submitted: list[tuple[Job, float]] = []
     index = 0
@@ -134,7 +135,7 @@ def run_open_loop(runtime: Runtime, sources: Sequence[list[int]], duration_s: fl
         static = drive(runtime, arrivals, False)
         modes = [(f"continuous, max {cap} rows", drive(runtime, arrivals, True, cap)) for cap in row_caps]
         modes += [(f"continuous, max {UNCAPPED_ROWS} rows", drive(runtime, arrivals, True)),
-                  (f"continuous, max {UNCAPPED_ROWS} rows, joins grouped ({JOIN_WAIT_STEPS} steps)", drive(runtime, arrivals, True, join_wait_steps=JOIN_WAIT_STEPS)),
+                  (f"continuous, max {UNCAPPED_ROWS} rows, joins grouped ({SERVER_JOINS[0]} steps)", drive(runtime, arrivals, True, joins=SERVER_JOINS)),
                   (f"static, max {UNCAPPED_ROWS} rows", static)]  # fmt: skip
         for name, run in modes:
             ratio = "" if run is static else f"{run.p99_s / static.p99_s:.2f}x"

@@ -33,7 +33,6 @@ Definitions (numpy only, so the torch-free server shares them):
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -350,7 +349,7 @@ class BeamSearch(Searcher):
         totals = values + self.row_scores[:, None]  # float32 + float64, as _processed adds them
         if len(self.rows[0]) < self.options.min_output_tokens:
             totals[tokens == self.eos_id] = -np.inf
-        rows = candidate_rows(len(self.rows), needed)
+        rows = np.repeat(np.arange(len(self.rows)), needed)
         flat_tokens, flat_totals = tokens.ravel(), totals.ravel()
         order = np.lexsort((rows, flat_tokens, -flat_totals))[: 2 * self.options.beam_size]  # as top_candidates orders
         return self._extend(self._walk(rows[order].tolist(), flat_tokens[order].tolist(), flat_totals[order].tolist()))
@@ -369,14 +368,6 @@ class BeamSearch(Searcher):
                 choices.append((row, token, score))
                 num_live += 1
         return choices
-
-
-@functools.lru_cache(maxsize=256)
-def candidate_rows(rows: int, per_row: int) -> np.ndarray:
-    """Row index of each of rows x per_row flattened candidates ([0, 0, ..., 1, 1, ...]); cached, read-only."""
-    index = np.repeat(np.arange(rows), per_row)
-    index.flags.writeable = False
-    return index
 
 
 def top_candidates(totals: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -49,11 +49,11 @@ class ServerSettings:
     def validate(self) -> None:
         problems = []
         for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_message_bytes", "max_queued_requests",
-                     "max_queued_tokens", "max_rows", "max_cache_tokens"):  # fmt: skip
+                     "max_queued_tokens", "max_rows", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.join_wait_steps < 0 or self.join_group < 1:
-            problems.append(f"join_wait_steps must be at least 0 and join_group at least 1, got {self.join_wait_steps} and {self.join_group}")
+        if self.join_wait_steps < 0:
+            problems.append(f"join_wait_steps must be at least 0, got {self.join_wait_steps}")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:
