@@ -54,13 +54,14 @@ class StepCache:
         if held > KEEP_BYTES:
             self.reset()
             return
-        self.rows = self.sources = 0
+        self.rows = self.sources = self._longest = 0
         self._source_keys[:] = -1  # pool slots are reused by new sources: their cross K/V must be copied again
         self._row_keys = None
 
     def reset(self) -> None:
         """Drop every row and give the memory back."""
         self.rows = self.sources = 0
+        self._longest = 0  # the most tokens any live row has cached (a Python int: no numpy call per step)
         self._set_kv_block(np.zeros((len(self.past_names), *self._zeros(0, 0).shape), dtype=np.float32))
         self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (source capacity, H, source length capacity, Dh)
         self._src_mask = np.zeros((0, 0), dtype=bool)
@@ -108,7 +109,7 @@ class StepCache:
         rows = len(parents)
         in_place = np.arange(rows)
         if rows and rows == self.rows and bool((parents == in_place).all()):  # every row continues itself (steady greedy)
-            self._reserve(rows, int(self._positions[:rows].max()) + 1)
+            self._reserve(rows, self._longest + 1)
         else:
             self._arrange_rows(parents, in_place)
         keys = np.asarray(source_keys, dtype=np.int64)
@@ -119,13 +120,24 @@ class StepCache:
         self.rows = rows
         self._arrange_candidates(candidate_rows, candidate_count)
 
+    def continue_in_place(self, tgt_ids: np.ndarray) -> None:
+        """Lay out the next call as the last one with new tokens: every row continues in its own place,
+        the sources are the same and no row wants candidates (greedy requests between joins and leaves).
+        `arrange` with the same rows and sources does the same; this skips its checks (numpy calls that
+        each cost several microseconds right after a decoder call has flushed the CPU caches)."""
+        self._reserve(self.rows, self._longest + 1)
+        self._tgt_ids[: self.rows, 0] = tgt_ids
+        if self._wanted != (0, 0):
+            self._arrange_candidates(None, 0)
+
     def _arrange_rows(self, parents: np.ndarray, in_place: np.ndarray) -> None:
         """Positions of the next call's rows; a row continuing another row copies that row's used slots."""
         rows = len(parents)
         is_new = parents < 0
         continued = np.maximum(parents, 0)
         positions = np.where(is_new, 0, self._positions[continued]) if self.rows else np.zeros(rows, dtype=np.int64)
-        self._reserve(rows, int(positions.max(initial=0)) + 1)
+        self._longest = int(positions.max(initial=0))
+        self._reserve(rows, self._longest + 1)
         moved = ~is_new & (parents != in_place)
         if moved.any():
             destination, origin = np.flatnonzero(moved), parents[moved]
@@ -201,6 +213,7 @@ class StepCache:
             self._bind_candidates(self._binding)
         self.session.run_with_iobinding(self._binding.io_binding)
         self._positions[: self.rows] += 1
+        self._longest += 1
         return self._log_probs[: self.rows]
 
     def row_cache(self, row: int) -> list[np.ndarray]:

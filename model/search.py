@@ -300,14 +300,18 @@ def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> 
     eos_id = searchers[0].eos_id
     banned = [row for row, searcher in enumerate(searchers) if len(searcher.rows[0]) < searcher.options.min_output_tokens]
     # EOS is banned by setting its column to -inf for the argmax and restoring it: the caller's array
-    # is left as it was, without copying all (n, V) of it.
-    saved = log_probs[banned, eos_id].copy()
-    log_probs[banned, eos_id] = -np.inf
+    # is left as it was, without copying all (n, V) of it. Basic indexing (a column view, a slice when
+    # every row is banned) and nothing at all when no row is: fewer numpy calls per step.
+    eos_column = log_probs[:, eos_id]
+    saved = eos_column.copy() if banned else None
+    if banned:
+        eos_column[banned if len(banned) < len(searchers) else slice(None)] = -np.inf
     try:
         tokens = log_probs.argmax(axis=1)
         picked = log_probs[np.arange(len(searchers)), tokens]
     finally:
-        log_probs[banned, eos_id] = saved
+        if saved is not None:
+            eos_column[:] = saved
     results = []
     for searcher, token, log_prob in zip(searchers, tokens.tolist(), picked.tolist(), strict=True):
         if searcher.done or not searcher.batchable or searcher.eos_id != eos_id:

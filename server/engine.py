@@ -169,6 +169,9 @@ class Engine:
         # its own place (the steady state between joins and leaves) reuses them.
         self._layout: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self._in_place_rows: list[np.ndarray] | None = None  # per job, its rows when the rows are 0..n-1 in job order
+        # After a step whose requests were all greedy with their rows in place and none left: how many there
+        # were (0 otherwise). If the next step has the same requests, it only feeds each row its new token.
+        self._steady_greedy_jobs = 0
         self._cache = runtime.new_step_cache()
         self._reset_pool()
         # Lowered when the device runs out of memory: the rows the last retried call fitted in (RELIABILITY row 20).
@@ -221,10 +224,14 @@ class Engine:
             return
         shed = False
         while True:
-            slots, keys, parents, tgt_ids = self._row_inputs(joined)
-            candidate_jobs, candidate_rows, candidate_count = self._candidate_rows()
+            candidate_jobs: dict[int, tuple[int, int]] = {}
             try:
-                self._arrange(slots, keys, parents, tgt_ids, candidate_rows, candidate_count)
+                if not joined and len(self.active) == self._steady_greedy_jobs:  # the same greedy requests as the last step
+                    self._arrange_in_place()
+                else:
+                    slots, keys, parents, tgt_ids = self._row_inputs(joined)
+                    candidate_jobs, candidate_rows, candidate_count = self._candidate_rows()
+                    self._arrange(slots, keys, parents, tgt_ids, candidate_rows, candidate_count)
             except Exception as error:  # a half-arranged cache cannot be retried
                 self._fail_all(error)
                 return
@@ -235,10 +242,10 @@ class Engine:
                 if not is_out_of_memory(error) or len(self.active) == 1:
                     self._fail_all(error)
                     return
-                self._shed_largest(error, len(parents))
+                self._shed_largest(error, self._last_rows)
                 shed = True
-        if shed and len(parents) < self.row_ceiling:
-            self.row_ceiling = len(parents)
+        if shed and self._last_rows < self.row_ceiling:
+            self.row_ceiling = self._last_rows
             logger.warning("after running out of memory the engine admits up to %d rows (limit %d)", self.row_ceiling, self.limits.max_rows)
         searched = time.perf_counter()
         self._advance(log_probs, candidate_jobs)
@@ -252,7 +259,7 @@ class Engine:
             self.observer.engine_failed()
         for job in self.active:
             self._finish(job, outcome, error if outcome is Outcome.FAILED else MemoryError(OUT_OF_MEMORY_MESSAGE))
-        self.active = []
+        self.active, self._steady_greedy_jobs = [], 0
         self._reset_cache()
 
     def _shed_largest(self, error: BaseException, rows: int) -> None:
@@ -269,7 +276,7 @@ class Engine:
         self._finish(largest, Outcome.OUT_OF_MEMORY, MemoryError(OUT_OF_MEMORY_MESSAGE))
         for job in self.active:
             job.local_parents = np.arange(job.rows)
-        self._layout, self._in_place_rows = ([], *self._layout[1:]), None
+        self._layout, self._in_place_rows, self._steady_greedy_jobs = ([], *self._layout[1:]), None, 0
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -374,9 +381,13 @@ class Engine:
         tokens[place] = np.concatenate(next_tokens)
         slots[place] = np.repeat(np.array([job.slot for job in jobs], dtype=np.int64), counts)
         keys[place] = np.repeat(np.array([job.job_id for job in jobs], dtype=np.int64), counts)
-        for job, row_ids in zip(jobs, split_rows(place, counts), strict=True):
+        placed = split_rows(place, counts)
+        for job, row_ids in zip(jobs, placed, strict=True):
             job.row_ids = row_ids
-        self._layout, self._in_place_rows = (counts, slots, keys), None
+        # One row per request (greedy) placed in request order, as after most joins and leaves: the next
+        # steps can skip the layout (`_arrange_in_place`) without waiting for a step that confirms it.
+        in_order = rows == len(jobs) and bool((place == np.arange(rows)).all())
+        self._layout, self._in_place_rows = (counts, slots, keys), placed if in_order else None
         return slots, keys, parents, tokens
 
     def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
@@ -402,6 +413,15 @@ class Engine:
         self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = len(parents)
         if self.observer is not None:  # only the metrics read it
+            self._last_padding = self._cache.padding_ratio()
+
+    def _arrange_in_place(self) -> None:
+        """The last step's rows again, each fed the token its request chose (the steady state of `_row_inputs`)."""
+        arranging = time.perf_counter()
+        self._cache.continue_in_place(np.concatenate([job.searcher.next_tokens for job in self.active]))  # type: ignore[union-attr]
+        self.profile.arrange_s += time.perf_counter() - arranging
+        self._last_rows = self._cache.rows
+        if self.observer is not None:
             self._last_padding = self._cache.padding_ratio()
 
     def _run_decoder(self) -> np.ndarray:
@@ -434,6 +454,9 @@ class Engine:
                 if job.on_tokens is not None:
                     notify(job.on_tokens, job, searcher.next_tokens)
                 still_active.append(job)
+        steady = len(still_active) == len(self.active) and self._in_place_rows is not None
+        steady = steady and all(isinstance(job.searcher, GreedySearch) for job in still_active)
+        self._steady_greedy_jobs = len(still_active) if steady else 0
         self.active = still_active
         if not self.active:
             self._cache.clear()

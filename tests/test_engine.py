@@ -244,3 +244,38 @@ def test_engine_rows_stay_in_place_and_a_leaving_request_moves_only_its_rows(run
     assert sum(moved) == 1 and moved.count(1) == 1
     for job, (source, options) in zip(jobs, plan, strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
+
+
+def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Between joins and leaves, a step of greedy requests only feeds each row its token (StepCache.continue_in_place);
+    a join, a leave or a beam request sends the step back through the full layout, and every output equals alone."""
+    engine = Engine(runtime)
+    calls: list[tuple[str, frozenset[int]]] = []  # per decoder call: which layout path, and the requests in it
+    real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
+
+    def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
+        calls.append(("arrange", frozenset(job.job_id for job in engine.active)))
+        real_arrange(cache, *args, **kwargs)  # type: ignore[arg-type]
+
+    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
+        calls.append(("in place", frozenset(job.job_id for job in engine.active)))
+        real_continue(cache, tgt_ids)
+
+    monkeypatch.setattr(StepCache, "arrange", arrange)
+    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    short = SearchOptions(beam_size=1, min_output_tokens=3, max_output_tokens=3)
+    plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], short), (6, SOURCES[2], GREEDY_LONG), (9, SOURCES[3], BEAM3)]
+    jobs: list[tuple[Job, list[int], SearchOptions]] = []
+    for step in range(40):
+        jobs += [(engine.submit(source, options), source, options) for arrival, source, options in plan if arrival == step]
+        engine.step()
+    beam_ids = {job.job_id for job, _, options in jobs if options.beam_size > 1}
+    # Here every join and leave places the rows in request order, so each call with the same greedy requests
+    # as the one before it (and only those) takes the short path.
+    pairs = zip(calls, calls[1:], strict=False)
+    expected = ["in place" if requests == before and not requests & beam_ids else "arrange" for (_, before), (_, requests) in pairs]
+    assert [path for path, _ in calls[1:]] == expected
+    assert expected.count("in place") >= 4 and calls[0][0] == "arrange"
+    for job, source, options in jobs:
+        assert_same(job, alone(tiny_model_dir, source, options))
