@@ -80,15 +80,18 @@ def format_profiles(model: str, systems: list[EngineSystem]) -> str:
     """Share of engine step time by part, per cell (warm-up runs included): ONNX Runtime (encoder, decoder)
     against the engine's own numpy and Python (search, cache moves, bookkeeping)."""
     parts = list(StepProfile().shares())
-    lines = [f"Where {model}-model engine step time goes, per cell (host = search + cache moves + bookkeeping):", "",
-             "| batch | beam | system | steps | " + " | ".join(parts) + " | host |", "|---|---|---|---|" + "---|" * (len(parts) + 1)]  # fmt: skip
+    lines = [f"Where {model}-model engine step time goes, per cell (host = search + cache moves + bookkeeping; a cache slot"
+             " is one row's K and V of every layer at one position):", "",
+             "| batch | beam | system | steps | " + " | ".join(parts) + " | host | cache slots copied per step |",
+             "|---|---|---|---|" + "---|" * (len(parts) + 2)]  # fmt: skip
     host_parts = [part for part in parts if part not in ("encoder run", "decoder run")]
     for cell in systems[0].cell_profiles:
         for system in systems:
             profile = system.cell_profiles[cell]
             shares = profile.shares()
             columns = " | ".join(f"{100 * shares[part]:.0f}%" for part in parts)
-            lines.append(f"| {cell.batch} | {cell.beam} | {system.name} | {profile.steps} | {columns} | {100 * sum(shares[p] for p in host_parts):.0f}% |")
+            host, copied = 100 * sum(shares[part] for part in host_parts), profile.slots_copied / max(profile.steps, 1)
+            lines.append(f"| {cell.batch} | {cell.beam} | {system.name} | {profile.steps} | {columns} | {host:.0f}% | {copied:.1f} |")
     return "\n".join(lines)
 
 

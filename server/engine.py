@@ -105,6 +105,7 @@ class StepProfile:
     decode_s: float = 0.0
     arrange_s: float = 0.0
     search_s: float = 0.0
+    slots_copied: int = 0  # cache slots (one row's K and V of every layer at one position) the moves copied
 
     def __add__(self, other: StepProfile) -> StepProfile:
         return StepProfile(**{name: value + getattr(other, name) for name, value in vars(self).items()})
@@ -408,9 +409,10 @@ class Engine:
 
     def _arrange(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
                  candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
-        arranging = time.perf_counter()
+        arranging, copied = time.perf_counter(), self._cache.slots_copied
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask, candidate_rows, candidate_count)
         self.profile.arrange_s += time.perf_counter() - arranging
+        self.profile.slots_copied += self._cache.slots_copied - copied
         self._last_rows = len(parents)
         if self.observer is not None:  # only the metrics read it
             self._last_padding = self._cache.padding_ratio()

@@ -67,8 +67,10 @@ def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
     table = format_profiles("tiny", [system])
     assert "| 3 | 2 | nmt-serve fp32 |" in table  # one row per cell and system
     row = next(line for line in table.splitlines() if line.startswith("| 3 | 2 |"))
-    *shares, host = [float(value.strip().rstrip("%")) for value in row.split("|")[5:-1]]
+    *shares, host, copied = [float(value.strip().rstrip("%")) for value in row.split("|")[5:-1]]
     assert sum(shares) == pytest.approx(100, abs=3) and host == pytest.approx(sum(shares[2:]), abs=2)  # host = search + moves + bookkeeping
+    profile = system.engine.profile
+    assert copied == pytest.approx(profile.slots_copied / profile.steps, abs=0.06) and copied > 0  # printed to 0.1
 
 
 def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, tmp_path: Path) -> None:

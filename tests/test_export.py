@@ -12,6 +12,7 @@ import pytest
 
 from export.manifest import ModelDirError, load_model_dir
 from export.onnx_export import main as export_main
+from export import step_cache
 from export.ort_step import OrtStep
 from export.parity import run_parity
 from model.checkpoint import load_checkpoint
@@ -104,6 +105,32 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
         assert bound is not None
         assert seen.setdefault(bound.layout, bound.io_binding) is bound.io_binding  # one binding per layout, reused
     assert set(seen) == {(3, 3, 1), (2, 2, 1)}
+
+
+@pytest.mark.parametrize("small_copy_slots", [0, 1000])
+def test_step_cache_moves_copy_only_the_slots_a_row_does_not_share(fp32_dir: Path, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    small_copy_slots: int) -> None:  # fmt: skip
+    """Beams sharing a prefix: a row taking a sibling's hypothesis copies only the slots after the shared
+    ones (lineage path); small moves copy every used slot at once. A swap reads both rows first. Torch's
+    log-probs at every step either way."""
+    monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", small_copy_slots)
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10]])
+    one, eight = np.zeros(1, dtype=np.int64), np.zeros(8, dtype=np.int64)
+    calls = [(one, np.array([-1]), np.array([1]))] + [(one, np.array([0]), np.array([20 + step])) for step in range(5)]  # slots 0..5
+    calls += [(eight, np.zeros(8, dtype=np.int64), np.arange(30, 38))]  # 8 beams from one row: slot 6 differs
+    calls += [(eight, np.arange(8), np.arange(40, 48) + 8 * step) for step in range(3)]  # slots 7..9
+    copied = [ort_step.cache.slots_copied]
+    reordered = (eight, np.array([0, 0, 2, 2, 4, 4, 6, 6]), np.arange(70, 78))  # rows 1, 3, 5, 7 take 0, 2, 4, 6
+    swapped = (eight, np.array([1, 0, 2, 3, 4, 5, 6, 7]), np.arange(80, 88))  # rows 0 and 1 trade places
+    for call in [*calls, reordered, swapped]:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        copied.append(ort_step.cache.slots_copied)
+    steps = np.diff(copied).tolist()
+    assert steps[6] == 7 * 6  # the fan-out: each new beam copies the first row's 6 slots
+    if small_copy_slots:
+        assert steps[-2:] == [4 * 10, 2 * 11]  # every used slot
+    else:
+        assert steps[-2:] == [4 * 4, 2 * 1]  # slots 6..9 (0..5 are shared), then only the last written slot
 
 
 def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_dir: Path, tiny_checkpoint: Path) -> None:
