@@ -36,8 +36,8 @@ MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, m
 INITIAL_LENGTH = 16
 # An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
 KEEP_BYTES = 64 << 20
-# Moves of at most this many rows x slots copy every used slot in one statement (cheaper than finding the
-# slots a row already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
+# Moves of at most this many rows x slots copy every used slot (cheaper than finding the slots a row
+# already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
 SMALL_COPY_SLOTS = 64
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, sources, queries) layout met since the buffers last moved
 
@@ -160,35 +160,30 @@ class StepCache:
 
     def _copy_rows(self, destination: np.ndarray, origin: np.ndarray) -> None:
         """Each destination row takes its origin row's cached slots, from the first slot whose lineage differs."""
-        lengths = self._positions[origin]
-        used = int(lengths.max())
-        ids = self._slot_ids
-        if len(destination) * used <= SMALL_COPY_SLOTS:  # one statement beats looking for shared slots
-            block_rows = self._kv_block[:, origin, :, :used]  # the right side first: overlapping moves are safe
-            self._kv_block[:, destination, :, :used] = block_rows
-            ids[destination, :used] = ids[origin, :used]
-            self.slots_copied += len(destination) * used
-            return
-        differs = ids[destination, :used] != ids[origin, :used]
-        first = np.where(differs.any(axis=1), differs.argmax(axis=1), used)
-        block = self._kv_block
+        lengths = self._positions[origin].tolist()
+        used = max(lengths)
+        ids, block = self._slot_ids, self._kv_block
+        if len(lengths) * used <= SMALL_COPY_SLOTS:  # a beam or two: finding the shared slots costs more than copying them
+            firsts = [0] * len(lengths)
+        else:
+            differs = ids[destination, :used] != ids[origin, :used]
+            firsts = np.where(differs.any(axis=1), differs.argmax(axis=1), used).tolist()
         copies = [(row, from_row, start, end) for row, from_row, start, end
-                  in zip(destination.tolist(), origin.tolist(), first.tolist(), lengths.tolist(), strict=True) if start < end]  # fmt: skip
+                  in zip(destination.tolist(), origin.tolist(), firsts, lengths, strict=True) if start < end]  # fmt: skip
+        # Slots past an origin's length keep the destination's own data and numbers: both stay true.
         # The engine moves a row only into a place whose row has no continuation (or a new place), so it
         # never writes a row that another copy reads and copies can go straight across; other callers (a
         # swap, say) get every origin read first.
         if set(destination.tolist()).isdisjoint(origin.tolist()):
             for row, from_row, start, end in copies:
                 block[:, row, :, start:end] = block[:, from_row, :, start:end]  # every layer's K and V in one statement
+                ids[row, start:end] = ids[from_row, start:end]
         else:
-            read = [block[:, from_row, :, start:end].copy() for _, from_row, start, end in copies]
-            for (row, _, start, end), values in zip(copies, read, strict=True):
+            read = [(block[:, from_row, :, start:end].copy(), ids[from_row, start:end].copy()) for _, from_row, start, end in copies]
+            for (row, _, start, end), (values, numbers) in zip(copies, read, strict=True):
                 block[:, row, :, start:end] = values
+                ids[row, start:end] = numbers
         self.slots_copied += sum(end - start for _, _, start, end in copies)
-        # The destinations' numbers: the origins' up to their lengths; past them the data were not copied.
-        copied = ids[origin, :used]
-        copied[np.arange(used) >= lengths[:, None]] = 0
-        ids[destination, :used] = copied
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
         """Give each source read by the call a place (in order of its first row: rows stay where they

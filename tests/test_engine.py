@@ -7,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from export.ort_step import OrtStep
 from export.step_cache import StepCache
 from model.search import Hypothesis, SearchOptions, generate
-from server.engine import Engine, EngineLimits, Job, Outcome
+from server.engine import Engine, EngineLimits, Job, Outcome, place_rows_numpy, place_rows_python
 from server.runtime import Runtime, RuntimeSettings
 
 SOURCES = [[5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]]
@@ -279,3 +281,17 @@ def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runti
     assert expected.count("in place") >= 4 and calls[0][0] == "arrange"
     for job, source, options in jobs:
         assert_same(job, alone(tiny_model_dir, source, options))
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.lists(st.integers(-1, 40), min_size=1, max_size=40))
+def test_row_placement_python_and_numpy_agree(continued: list[int]) -> None:
+    """Small calls place rows in plain Python, large ones with numpy: the same places, a permutation of the
+    rows in which the first row continuing a place below the row count stays there."""
+    origin = np.array(continued, dtype=np.int64)
+    place = place_rows_python(origin)
+    assert place.tolist() == place_rows_numpy(origin).tolist()
+    assert sorted(place.tolist()) == list(range(len(continued)))
+    for row, parent in enumerate(continued):
+        if 0 <= parent < len(continued) and parent not in continued[:row]:
+            assert place[row] == parent

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
+from export import step_cache
 from export.manifest import ModelDirError, load_model_dir
 from export.onnx_export import main as export_main
-from export import step_cache
 from export.ort_step import OrtStep
 from export.parity import run_parity
 from model.checkpoint import load_checkpoint
