@@ -6,8 +6,9 @@ buffers, however many rows (a beam) read it. The buffers are bound to the decode
 binding, each present K/V to the same memory as its past, so a step appends one slot per row and
 copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues a
 different row (a second beam from one parent, a new or moved row filling a hole) copies the slots
-of that row it does not already hold (below); a source new to its place copies its cross K/V from the caller's pool, and the
-rows are mapped to their sources (the graph's source_queries / row_queries). Unchanged rows and
+of that row it does not already hold (below); a source keeps its place while rows move, a source
+new to its place copies its cross K/V from the caller's pool, and the rows are mapped to their
+sources (the graph's source_queries / row_queries). Unchanged rows and
 sources, the common case, cost nothing. `arrange` also names the rows beam search wants
 candidates for (the graph's in-graph TopK); `candidates` reads them after `run`.
 
@@ -78,6 +79,7 @@ class StepCache:
         self._row_range = np.zeros(0, dtype=np.int64)
         self._next_slot_id = 1
         self.slots_copied = 0  # cache slots (each: every layer's K and V of one row and position) copied by moves, in all
+        self.sources_copied = 0  # sources whose cross K/V were copied into a place, in all
         self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (source capacity, H, source length capacity, Dh)
         self._src_mask = np.zeros((0, 0), dtype=bool)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
@@ -186,15 +188,24 @@ class StepCache:
         self.slots_copied += sum(end - start for _, _, start, end in copies)
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
-        """Give each source read by the call a place (in order of its first row: rows stay where they
-        are, so a source keeps its place and its K/V are not copied again) and map rows to sources."""
+        """Give each source read by the call a place and map rows to sources. A source keeps the place it
+        had (its K/V are not copied again, however its rows move); new sources, and sources whose place
+        is past the new count, take the places left, lowest first."""
         rows = len(keys)
         unique_keys, first_row, source_of_row = np.unique(keys, return_index=True, return_inverse=True)
-        order = np.argsort(first_row, kind="stable")
-        place_of = np.empty_like(order)
-        place_of[order] = np.arange(len(order))
+        sources = len(unique_keys)
+        held = self._source_keys[: min(self.sources, sources)]  # places that can be kept
+        by_key = np.argsort(held)
+        found_at = np.minimum(np.searchsorted(held, unique_keys, sorter=by_key), max(len(held) - 1, 0))
+        kept = held[by_key[found_at]] == unique_keys if len(held) else np.zeros(sources, dtype=bool)
+        place_of = np.full(sources, -1, dtype=np.int64)
+        place_of[kept] = by_key[found_at[kept]]
+        taken = np.zeros(sources, dtype=bool)
+        taken[place_of[kept]] = True
+        place_of[~kept] = np.flatnonzero(~taken)  # as many free places as sources without one
         source_of_row = place_of[source_of_row.reshape(-1)]
-        sources, source_keys, source_slots = len(order), unique_keys[order], slots[first_row[order]]
+        source_keys, source_slots = np.empty_like(unique_keys), np.empty_like(unique_keys)
+        source_keys[place_of], source_slots[place_of] = unique_keys, slots[first_row]
         self._reserve_sources(sources, pool_mask.shape[1])
         stale = np.flatnonzero(self._source_keys[:sources] != source_keys)
         if stale.size:
@@ -204,6 +215,7 @@ class StepCache:
             self._src_mask[stale, :width] = pool_mask[source_slots[stale]]
             self._src_mask[stale, width:] = False
             self._source_keys[stale] = source_keys[stale]
+            self.sources_copied += len(stale)
         # Rows grouped by source (in row order); a source with fewer rows than the most repeats its first row.
         counts = np.bincount(source_of_row, minlength=sources)
         queries = int(counts.max(initial=0))

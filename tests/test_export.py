@@ -143,9 +143,14 @@ def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_
         (np.array([3, 1, 2, 3, 3]), np.array([3, 1, 2, 3, 3]), np.array([29, 30, 31, 32, 33])),
     ]
     expected_sources = [3, 3, 3, 3]
+    copied = []
     for call, count in zip(calls, expected_sources, strict=True):
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
         assert ort_step.cache.sources == count
+        copied.append(ort_step.cache.sources_copied)
+    # Each source's K/V are copied once: sources 1 and 2 keep their places as rows move and source 0
+    # leaves; source 3 takes source 0's place.
+    assert copied == [3, 3, 4, 4]
     assert ort_step.cache.positions.tolist() == [2, 4, 4, 2, 2]
 
 
