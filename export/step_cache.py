@@ -168,7 +168,8 @@ class StepCache:
         if len(lengths) * used <= SMALL_COPY_SLOTS:  # a beam or two: finding the shared slots costs more than copying them
             firsts = [0] * len(lengths)
         else:
-            differs = ids[destination, :used] != ids[origin, :used]
+            numbers = ids[origin, :used]
+            differs = (ids[destination, :used] != numbers) | (numbers == 0)  # 0: never proven equal
             firsts = np.where(differs.any(axis=1), differs.argmax(axis=1), used).tolist()
         copies = [(row, from_row, start, end) for row, from_row, start, end
                   in zip(destination.tolist(), origin.tolist(), firsts, lengths, strict=True) if start < end]  # fmt: skip
