@@ -295,3 +295,34 @@ def test_row_placement_python_and_numpy_agree(continued: list[int]) -> None:
     for row, parent in enumerate(continued):
         if 0 <= parent < len(continued) and parent not in continued[:row]:
             assert place[row] == parent
+
+
+def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
+                                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """RELIABILITY row 20 on the short path: the decoder call of a steady greedy step (only tokens fed) fails
+    for memory; the request holding the most cache leaves with OUT_OF_MEMORY and the retried call keeps the
+    others exactly on their alone-results."""
+    engine = Engine(runtime)
+    real_run = StepCache.run
+    state = {"failed": 0, "in_place_calls": 0}
+    real_continue = StepCache.continue_in_place
+
+    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
+        state["in_place_calls"] += 1
+        real_continue(cache, tgt_ids)
+
+    def run(cache: StepCache) -> np.ndarray:
+        if state["in_place_calls"] == 3 and not state["failed"]:  # the third short-path step
+            state["failed"] += 1
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576")
+        return real_run(cache)
+
+    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    monkeypatch.setattr(StepCache, "run", run)
+    longest = SearchOptions(beam_size=1, min_output_tokens=20, max_output_tokens=20)  # the most cache when it fails
+    plan = [(SOURCES[3], longest), (SOURCES[0], GREEDY_LONG), (SOURCES[2], GREEDY_LONG)]
+    jobs = [engine.submit(source, options) for source, options in plan]
+    run_until_done(engine, jobs)
+    assert state["failed"] == 1 and jobs[0].outcome is Outcome.OUT_OF_MEMORY
+    for job, (source, options) in zip(jobs[1:], plan[1:], strict=True):
+        assert_same(job, alone(tiny_model_dir, source, options))
