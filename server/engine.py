@@ -204,12 +204,9 @@ class Engine:
         self.active: list[Job] = []
         self.profile = StepProfile()
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
-        # The last call's rows per job, pool slots and source keys: a step where every row continues in
-        # its own place (the steady state between joins and leaves) reuses them.
-        self._layout: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        self._in_place_rows: list[np.ndarray] | None = None  # per job, its rows when the rows are 0..n-1 in job order
-        # After a step whose requests were all greedy with their rows in place and none left: how many there
-        # were (0 otherwise). If the next step has the same requests, it only feeds each row its new token.
+        self._rows_in_order = False  # the last layout put the rows 0..n-1 in job order, one per job (greedy alone)
+        # After a step whose requests were all greedy and none left: how many there were (0 otherwise). If
+        # the next step has the same requests, every row continues in its place and is only fed its token.
         self._steady_greedy_jobs = 0
         self._cache = runtime.new_step_cache()
         self._reset_pool()
@@ -315,7 +312,7 @@ class Engine:
         self._finish(largest, Outcome.OUT_OF_MEMORY, MemoryError(OUT_OF_MEMORY_MESSAGE))
         for job in self.active:
             job.local_parents = np.arange(job.rows)
-        self._layout, self._in_place_rows, self._steady_greedy_jobs = ([], *self._layout[1:]), None, 0
+        self._steady_greedy_jobs = 0
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -397,14 +394,6 @@ class Engine:
         origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined
                                  else job.row_ids if count == 1 == len(job.row_ids) else job.row_ids[job.local_parents]
                                  for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
-        last_counts, last_slots, last_keys = self._layout
-        if not joined and counts == last_counts and bool((origin == np.arange(rows)).all()):
-            # Same jobs and row counts, every row continuing in its own place: only the tokens change.
-            if self._in_place_rows is None:
-                self._in_place_rows = split_rows(origin, counts)
-            for job, row_ids in zip(jobs, self._in_place_rows, strict=True):
-                job.row_ids = row_ids
-            return last_slots, last_keys, origin, np.concatenate(next_tokens)
         place = place_rows(origin)
         parents = np.empty(rows, dtype=np.int64)
         parents[place] = origin
@@ -412,13 +401,9 @@ class Engine:
         tokens[place] = np.concatenate(next_tokens)
         slots[place] = np.repeat(np.array([job.slot for job in jobs], dtype=np.int64), counts)
         keys[place] = np.repeat(np.array([job.job_id for job in jobs], dtype=np.int64), counts)
-        placed = split_rows(place, counts)
-        for job, row_ids in zip(jobs, placed, strict=True):
+        for job, row_ids in zip(jobs, split_rows(place, counts), strict=True):
             job.row_ids = row_ids
-        # One row per request (greedy) placed in request order, as after most joins and leaves: the next
-        # steps can skip the layout (`_arrange_in_place`) without waiting for a step that confirms it.
-        in_order = rows == len(jobs) and bool((place == np.arange(rows)).all())
-        self._layout, self._in_place_rows = (counts, slots, keys), placed if in_order else None
+        self._rows_in_order = rows == len(jobs) and bool((place == np.arange(rows)).all())
         return slots, keys, parents, tokens
 
     def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
@@ -448,9 +433,15 @@ class Engine:
             self._last_padding = self._cache.padding_ratio()
 
     def _arrange_in_place(self) -> None:
-        """The last step's rows again, each fed the token its request chose (the steady state of `_row_inputs`)."""
+        """The last step's rows again, each fed the token its request chose (what `_row_inputs` would lay out
+        for the same greedy requests: every row continues in its place)."""
         arranging = time.perf_counter()
-        self._cache.continue_in_place(np.concatenate([job.searcher.next_tokens for job in self.active]))  # type: ignore[union-attr]
+        tokens = np.concatenate([job.searcher.next_tokens for job in self.active])  # type: ignore[union-attr]
+        if not self._rows_in_order:  # a leave moved a row into a hole: each token goes to its request's row
+            by_row = np.empty_like(tokens)
+            by_row[np.concatenate([job.row_ids for job in self.active])] = tokens
+            tokens = by_row
+        self._cache.continue_in_place(tokens)
         self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = self._cache.rows
         if self.observer is not None:
@@ -486,8 +477,7 @@ class Engine:
                 if job.on_tokens is not None:
                     notify(job.on_tokens, job, searcher.next_tokens)
                 still_active.append(job)
-        steady = len(still_active) == len(self.active) and self._in_place_rows is not None
-        steady = steady and all(isinstance(job.searcher, GreedySearch) for job in still_active)
+        steady = len(still_active) == len(self.active) and all(isinstance(job.searcher, GreedySearch) for job in still_active)
         self._steady_greedy_jobs = len(still_active) if steady else 0
         self.active = still_active
         if not self.active:
@@ -499,13 +489,14 @@ class Engine:
         jobs = [job for job in self.active if isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
         if not jobs:
             return {}
-        # Every row greedy and in order (the common case): a view, not a copy of the (rows, V) array. A
-        # steady layout (rows 0..n-1 in job order) of greedy jobs alone is in order without looking.
+        # Every row a plain greedy request's (the common case): the searchers are put in row order, so
+        # the (rows, V) array is read as it is; with other requests in the call, their rows are gathered.
         chosen = log_probs
-        if not (len(jobs) == len(self.active) and self._in_place_rows is not None):
-            rows = np.array([job.row_ids[0] for job in jobs], dtype=np.int64)
-            if not (len(rows) == len(log_probs) and bool((rows == np.arange(len(rows))).all())):
-                chosen = log_probs[rows]
+        if len(jobs) == len(log_probs):
+            if not self._rows_in_order:
+                jobs.sort(key=lambda job: int(job.row_ids[0]))
+        else:
+            chosen = log_probs[np.array([job.row_ids[0] for job in jobs], dtype=np.int64)]
         results = advance_greedy([job.searcher for job in jobs], chosen)  # type: ignore[misc]
         return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
 

@@ -273,8 +273,7 @@ def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runti
         jobs += [(engine.submit(source, options), source, options) for arrival, source, options in plan if arrival == step]
         engine.step()
     beam_ids = {job.job_id for job, _, options in jobs if options.beam_size > 1}
-    # Here every join and leave places the rows in request order, so each call with the same greedy requests
-    # as the one before it (and only those) takes the short path.
+    # Each call with the same greedy requests as the one before it (and only those) takes the short path.
     pairs = zip(calls, calls[1:], strict=False)
     expected = ["in place" if requests == before and not requests & beam_ids else "arrange" for (_, before), (_, requests) in pairs]
     assert [path for path, _ in calls[1:]] == expected
@@ -325,4 +324,45 @@ def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_e
     run_until_done(engine, jobs)
     assert state["failed"] == 1 and jobs[0].outcome is Outcome.OUT_OF_MEMORY
     for job, (source, options) in zip(jobs[1:], plan[1:], strict=True):
+        assert_same(job, alone(tiny_model_dir, source, options))
+
+
+def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime: Runtime, tiny_model_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The first request leaves and the top row fills its place, so rows are no longer in request order:
+    every later step with the same greedy requests still takes the short path (each token to its
+    request's row), and every output equals alone."""
+    engine = Engine(runtime)
+    paths: list[str] = []
+    real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
+
+    def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
+        paths.append("arrange")
+        real_arrange(cache, *args, **kwargs)  # type: ignore[arg-type]
+
+    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
+        paths.append("in place")
+        real_continue(cache, tgt_ids)
+        # Each row is fed its own request's token (the tiny model's outputs alone could hide a mix-up).
+        fed = {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
+        misrouted.extend(row for row, token in fed.items() if cache._tgt_ids[row, 0] != token)
+
+    misrouted: list[int] = []
+    monkeypatch.setattr(StepCache, "arrange", arrange)
+    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    short = SearchOptions(beam_size=1, min_output_tokens=2, max_output_tokens=2)
+    # Forced prefixes make every request feed different tokens (the tiny model alone picks the same ones).
+    longs = [SearchOptions(beam_size=1, min_output_tokens=10, max_output_tokens=10, target_prefix=tuple(range(first, first + 7)))
+             for first in (10, 20, 30)]  # fmt: skip
+    plan = [(SOURCES[0], short), *zip(SOURCES[1:4], longs, strict=True)]
+    jobs = [engine.submit(source, options) for source, options in plan]
+    engine.step()
+    engine.step()  # the short request's last step
+    assert jobs[0].done.is_set()
+    engine.step()  # the leave: a full layout, the top row moves into row 0
+    assert [int(job.row_ids[0]) for job in jobs[1:]] == [1, 2, 0]
+    run_until_done(engine, jobs)
+    assert paths[:3] == ["arrange", "in place", "arrange"] and set(paths[3:]) == {"in place"} and len(paths) == 10
+    assert not misrouted
+    for job, (source, options) in zip(jobs, plan, strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
