@@ -50,6 +50,16 @@ class Binding:
     candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
 
 
+def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[int, ...] = ()) -> np.ndarray:
+    """`array` in a larger `shape`, `fill` elsewhere (zeros, not empty memory: masked source slots are
+    multiplied by 0, and 0 * NaN from stale memory is NaN). `kept` limits what is carried over on the
+    first axes (say, the live rows); the other axes carry all of `array`."""
+    new = np.zeros(shape, dtype=array.dtype) if fill == 0 else np.full(shape, fill, dtype=array.dtype)
+    region = tuple(slice(extent) for extent in (*kept, *array.shape[len(kept) :]))
+    new[region] = array[region]
+    return new
+
+
 class StepCache:
     def __init__(self, session: ort.InferenceSession, config: ModelConfig, cross_names: Sequence[str]) -> None:
         """session: the decoder step; its present_* outputs are the K/V caches, each read from the past_* input named like it."""
@@ -74,13 +84,14 @@ class StepCache:
         """Drop every row and give the memory back."""
         self.rows = self.sources = 0
         self._longest = 0  # the most tokens any live row has cached (a Python int: no numpy call per step)
-        self._set_kv_block(np.zeros((len(self.past_names), *self._zeros(0, 0).shape), dtype=np.float32))
+        self._set_kv_block(np.zeros((len(self.past_names), 0, self.n_heads, 0, self.head_dim), dtype=np.float32))
         self._slot_ids = np.zeros((0, 0), dtype=np.int64)  # (row capacity, length capacity): slot lineage; 0 = unknown
         self._row_range = np.zeros(0, dtype=np.int64)
         self._next_slot_id = 1
         self.slots_copied = 0  # cache slots (each: every layer's K and V of one row and position) copied by moves, in all
         self.sources_copied = 0  # sources whose cross K/V were copied into a place, in all
-        self._cross = [self._zeros(0, 0) for _ in self.cross_names]  # (source capacity, H, source length capacity, Dh)
+        # (source capacity, H, source length capacity, Dh) each
+        self._cross = [np.zeros((0, self.n_heads, 0, self.head_dim), dtype=np.float32) for _ in self.cross_names]
         self._src_mask = np.zeros((0, 0), dtype=bool)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
@@ -148,7 +159,7 @@ class StepCache:
             self._arrange_candidates(None, 0)
 
     def _arrange_rows(self, parents: np.ndarray, in_place: np.ndarray) -> None:
-        """Positions of the next call's rows; a row continuing another row copies that row's used slots."""
+        """Positions of the next call's rows; a row continuing another row takes its slots (`_copy_rows`)."""
         rows = len(parents)
         is_new = parents < 0
         continued = np.maximum(parents, 0)
@@ -277,10 +288,6 @@ class StepCache:
 
     # ------------------------------------------------------------ buffers
 
-    def _zeros(self, rows: int, length: int) -> np.ndarray:
-        # Zeros, not empty: masked source slots are multiplied by 0, and 0 * NaN from stale memory is NaN.
-        return np.zeros((rows, self.n_heads, length, self.head_dim), dtype=np.float32)
-
     def _set_kv_block(self, block: np.ndarray) -> None:
         """All self-attention caches in one array (tensor, row capacity, H, length capacity, Dh), so a row move
         is one copy for every tensor; `_self_kv` holds each tensor's (contiguous) view, bound to the graph."""
@@ -296,14 +303,11 @@ class StepCache:
             return
         new_rows = max(rows, row_cap * 2 if rows > row_cap else row_cap, INITIAL_ROWS)
         new_length = min(max(length, length_cap * 2 if length > length_cap else length_cap, INITIAL_LENGTH), self.max_positions)
-        live = self.rows
-        block = np.zeros((len(self.past_names), new_rows, self.n_heads, new_length, self.head_dim), dtype=np.float32)
-        block[:, :live, :, :length_cap] = self._kv_block[:, :live, :, :length_cap]
-        self._set_kv_block(block)
-        slot_ids = np.zeros((new_rows, new_length), dtype=np.int64)  # rows not carried over hold zeros: unknown
-        slot_ids[:live, :length_cap] = self._slot_ids[:live, :length_cap]
-        self._slot_ids, self._row_range = slot_ids, np.arange(new_rows)
-        self._positions = self._grown_vector(self._positions, new_rows, 0)
+        tensors, live = len(self.past_names), self.rows  # the live rows' caches are carried over, not the idle ones
+        self._set_kv_block(grown(self._kv_block, (tensors, new_rows, self.n_heads, new_length, self.head_dim), kept=(tensors, live)))
+        self._slot_ids = grown(self._slot_ids, (new_rows, new_length), kept=(live,))  # rows not carried over: 0, unknown
+        self._row_range = np.arange(new_rows)
+        self._positions = grown(self._positions, (new_rows,))
         self._tgt_ids = np.zeros((new_rows, 1), dtype=np.int64)
         self._row_queries = np.zeros(new_rows, dtype=np.int64)
         self._row_keys = None  # the row-to-source map lives in the new row_queries: make it again
@@ -317,23 +321,10 @@ class StepCache:
             return
         new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
         new_width = max(width, width_cap)
-        self._cross = [self._grown(buffer, new_sources, new_width, source_cap, width_cap) for buffer in self._cross]
-        mask = np.zeros((new_sources, new_width), dtype=bool)
-        mask[:source_cap, :width_cap] = self._src_mask
-        self._src_mask = mask
-        self._source_keys = self._grown_vector(self._source_keys, new_sources, -1)
+        self._cross = [grown(buffer, (new_sources, self.n_heads, new_width, self.head_dim)) for buffer in self._cross]
+        self._src_mask = grown(self._src_mask, (new_sources, new_width))
+        self._source_keys = grown(self._source_keys, (new_sources,), fill=-1)
         self._forget_bindings()
-
-    def _grown(self, buffer: np.ndarray, rows: int, length: int, live: int, used_length: int) -> np.ndarray:
-        grown = self._zeros(rows, length)
-        grown[:live, :, :used_length] = buffer[:live, :, :used_length]
-        return grown
-
-    @staticmethod
-    def _grown_vector(vector: np.ndarray, rows: int, fill: int) -> np.ndarray:
-        grown = np.full(rows, fill, dtype=vector.dtype)
-        grown[: len(vector)] = vector
-        return grown
 
     def _forget_bindings(self) -> None:
         self._bindings.clear()

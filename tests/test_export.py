@@ -107,6 +107,17 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
     assert set(seen) == {(3, 3, 1), (2, 2, 1)}
 
 
+def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
+    """`grown`: the old array in the corner of the new shape, the fill elsewhere; `kept` carries fewer leading rows."""
+    block = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + 1
+    whole = step_cache.grown(block, (2, 5, 6))
+    assert np.array_equal(whole[:, :3, :4], block) and not whole[:, 3:].any() and not whole[:, :, 4:].any()
+    live = step_cache.grown(block, (2, 5, 6), kept=(2, 1))  # both tensors, the first row only
+    assert np.array_equal(live[:, :1, :4], block[:, :1]) and not live[:, 1:].any()
+    keys = step_cache.grown(np.array([7, 8]), (4,), fill=-1)
+    assert keys.tolist() == [7, 8, -1, -1]
+
+
 @pytest.mark.parametrize("small_copy_slots", [0, 1000])
 def test_step_cache_moves_copy_only_the_slots_a_row_does_not_share(fp32_dir: Path, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     small_copy_slots: int) -> None:  # fmt: skip
