@@ -15,15 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.engine_bench import sample_sources
-from bench.open_loop import Run, drive, poisson_arrivals
+from bench.open_loop import SERVER_JOINS, Run, drive, poisson_arrivals
 from bench.report import write_report
 from server.runtime import Runtime, RuntimeSettings
-from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = Path("artifacts/de-en-small/onnx-int8")
-JOIN_GROUP = ServerSettings().join_group  # the server's; the wait is what varies
+JOIN_GROUP = SERVER_JOINS[1]  # the server's; the wait is what varies
 
 
 def engine_ms_per_request(run: Run) -> float:
