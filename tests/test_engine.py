@@ -66,6 +66,28 @@ def record_calls(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     return calls
 
 
+def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, frozenset[int]]], list[int]]:
+    """Per decoder call, which layout path it took ("arrange" or "in place") and the requests in it; and the
+    rows a short-path call fed another request's token (each row must get its own request's)."""
+    calls: list[tuple[str, frozenset[int]]] = []
+    misrouted: list[int] = []
+    real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
+
+    def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
+        calls.append(("arrange", frozenset(job.job_id for job in engine.active)))
+        real_arrange(cache, *args, **kwargs)  # type: ignore[arg-type]
+
+    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
+        calls.append(("in place", frozenset(job.job_id for job in engine.active)))
+        real_continue(cache, tgt_ids)
+        fed = {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
+        misrouted.extend(row for row, token in fed.items() if cache._tgt_ids[row, 0] != token)
+
+    monkeypatch.setattr(StepCache, "arrange", arrange)
+    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    return calls, misrouted
+
+
 def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
     engine = Engine(runtime)
     plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (2, SOURCES[2], GREEDY_SHORT), (3, SOURCES[3], BEAM3), (5, SOURCES[4], GREEDY_LONG)]
@@ -253,19 +275,7 @@ def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runti
     """Between joins and leaves, a step of greedy requests only feeds each row its token (StepCache.continue_in_place);
     a join, a leave or a beam request sends the step back through the full layout, and every output equals alone."""
     engine = Engine(runtime)
-    calls: list[tuple[str, frozenset[int]]] = []  # per decoder call: which layout path, and the requests in it
-    real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
-
-    def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
-        calls.append(("arrange", frozenset(job.job_id for job in engine.active)))
-        real_arrange(cache, *args, **kwargs)  # type: ignore[arg-type]
-
-    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
-        calls.append(("in place", frozenset(job.job_id for job in engine.active)))
-        real_continue(cache, tgt_ids)
-
-    monkeypatch.setattr(StepCache, "arrange", arrange)
-    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    calls, _ = record_layout_paths(engine, monkeypatch)
     short = SearchOptions(beam_size=1, min_output_tokens=3, max_output_tokens=3)
     plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], short), (6, SOURCES[2], GREEDY_LONG), (9, SOURCES[3], BEAM3)]
     jobs: list[tuple[Job, list[int], SearchOptions]] = []
@@ -333,23 +343,7 @@ def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime:
     every later step with the same greedy requests still takes the short path (each token to its
     request's row), and every output equals alone."""
     engine = Engine(runtime)
-    paths: list[str] = []
-    real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
-
-    def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
-        paths.append("arrange")
-        real_arrange(cache, *args, **kwargs)  # type: ignore[arg-type]
-
-    def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
-        paths.append("in place")
-        real_continue(cache, tgt_ids)
-        # Each row is fed its own request's token (the tiny model's outputs alone could hide a mix-up).
-        fed = {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
-        misrouted.extend(row for row, token in fed.items() if cache._tgt_ids[row, 0] != token)
-
-    misrouted: list[int] = []
-    monkeypatch.setattr(StepCache, "arrange", arrange)
-    monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
+    calls, misrouted = record_layout_paths(engine, monkeypatch)  # the tiny model's outputs alone could hide a mix-up
     short = SearchOptions(beam_size=1, min_output_tokens=2, max_output_tokens=2)
     # Forced prefixes make every request feed different tokens (the tiny model alone picks the same ones).
     longs = [SearchOptions(beam_size=1, min_output_tokens=10, max_output_tokens=10, target_prefix=tuple(range(first, first + 7)))
@@ -362,6 +356,7 @@ def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime:
     engine.step()  # the leave: a full layout, the top row moves into row 0
     assert [int(job.row_ids[0]) for job in jobs[1:]] == [1, 2, 0]
     run_until_done(engine, jobs)
+    paths = [path for path, _ in calls]
     assert paths[:3] == ["arrange", "in place", "arrange"] and set(paths[3:]) == {"in place"} and len(paths) == 10
     assert not misrouted
     for job, (source, options) in zip(jobs, plan, strict=True):
