@@ -52,6 +52,7 @@ class TrainSettings:
     bf16: bool = field(default_factory=native_bf16)  # autocast to bfloat16; nmt-train's default: where the device has it natively
     rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
+    dropout: float = -1.0  # < 0: the preset's (or, resuming, the checkpoint's); an overfit model trains on with more
 
 
 @dataclass
@@ -333,6 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     exact = (args.out / LAST_DIR / TRAINER_STATE_FILE).is_file()
     if args.resume:
         config = ModelConfig.load(args.out / (LAST_DIR if exact else "") / "config.json")
+    if settings.dropout >= 0.0:
+        # Dropout changes training only; the exported graphs never see it.
+        try:
+            config = dataclasses.replace(config, dropout=settings.dropout)
+        except ValueError as error:
+            parser.error(f"--dropout: {error}")
     trainer = Trainer(Transformer(config), tokenizer, train_pairs, valid_pairs, args.out, settings, device)
     record = load_train_info(args.out) if args.resume else {}
     if args.resume and exact:

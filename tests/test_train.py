@@ -203,3 +203,19 @@ def test_bf16_defaults_on_only_where_the_cpu_has_it(tmp_path: Path, line: str, e
     cpuinfo.write_text(f"processor\t: 0\n{line}\n", encoding="utf-8")
     assert native_bf16(str(cpuinfo)) is expected
     assert native_bf16(str(tmp_path / "missing")) is False
+
+
+def test_train_dropout_flag_overrides_the_checkpoint_config_on_a_restart(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    """An overfit model trains on with more dropout: --dropout replaces the config's, and a bad value names the flag."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert train_main(train_args(tiny_corpus, out, 6)) == 0
+    assert load_checkpoint(out).config.dropout == 0.1
+    shutil.rmtree(out / "last")
+    assert train_main([*train_args(tiny_corpus, out, 10), "--resume", "--rewarmup-steps", "2", "--dropout", "0.3"]) == 0
+    info = json.loads((out / "train.json").read_text())
+    assert info["config"]["dropout"] == 0.3 and info["settings"]["dropout"] == 0.3
+    assert json.loads((out / "last" / "config.json").read_text())["dropout"] == 0.3  # an exact resume keeps it
+    with pytest.raises(SystemExit):
+        train_main([*train_args(tiny_corpus, out, 12), "--resume", "--dropout", "1.5"])
