@@ -10,6 +10,7 @@ import torch
 
 from model.config import BOS_ID, EOS_ID, PAD_ID
 from model.padding import pad_sources
+from model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,10 @@ def plan_batches(
         start = end
     rng.shuffle(batches)
     return batches
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], max_len: int) -> list[tuple[list[int], list[int]]]:
+    """Token ids of (German, English) pairs; pairs with an empty side or one longer than `max_len` are skipped."""
+    sources = tokenizer.encode_batch([src for src, _ in pairs])
+    targets = tokenizer.encode_batch([tgt for _, tgt in pairs])
+    return [(s, t) for s, t in zip(sources, targets, strict=True) if 0 < len(s) <= max_len and 0 < len(t) <= max_len]

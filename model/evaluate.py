@@ -9,19 +9,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import load_checkpoint, load_train_info, save_train_info
+from model.batching import encode_pairs, plan_batches
+from model.checkpoint import Checkpoint, load_checkpoint, load_train_info, save_train_info
 from model.corpus import read_tsv
 from model.device import DEVICE_CHOICES, pick_device
+from model.loss import mean_nll
 from model.search import SearchOptions, generate
 from model.tokenizer import Tokenizer
 from model.torch_step import TorchStep
 from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
+
+NLL_BATCH_TOKENS = 8000  # padded tokens per teacher-forced batch
 
 
 def translate(
@@ -45,6 +50,13 @@ def translate(
         for index, hypotheses in zip(batch, results, strict=True):
             outputs[index] = tokenizer.decode(hypotheses[0].token_ids)
     return outputs
+
+
+def reference_nll(checkpoint: Checkpoint, pairs: Sequence[tuple[str, str]], device: torch.device) -> float:
+    """Mean NLL per reference token; pairs too long for the position table are left out, as in training."""
+    id_pairs = encode_pairs(checkpoint.tokenizer, pairs, checkpoint.config.max_positions - 1)
+    batches = plan_batches([(len(src), len(tgt)) for src, tgt in id_pairs], NLL_BATCH_TOKENS, np.random.default_rng(0))
+    return mean_nll(checkpoint.model, id_pairs, batches, device)
 
 
 def one_line(text: str) -> str:
@@ -77,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per search batch")
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
     parser.add_argument("--output", type=Path, help="hypotheses file (default: CHECKPOINT/hyps.<test>.beam<K>.txt)")
+    parser.add_argument("--nll", action="store_true",
+                        help="also report the references' mean NLL per token (teacher-forced): on training pairs against "
+                             "held-out ones it shows how far the model memorised its data")  # fmt: skip
     parser.add_argument("--record", action="store_true", help="store the scores in CHECKPOINT/train.json under test.<name>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto = CUDA when torch sees a GPU, else CPU")
@@ -104,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or args.checkpoint / f"hyps.{args.test.stem}.beam{args.beam}.txt"
     output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
     result = {"test": str(args.test), "sentences": len(pairs), "beam": args.beam, **scores}
+    if args.nll:
+        result["nll"] = round(reference_nll(checkpoint, pairs, device), 4)
     sys.stdout.write(json.dumps(result) + "\n")
     if args.record:
         record_result(args.checkpoint, f"beam{args.beam}" if args.beam > 1 else "greedy", result)

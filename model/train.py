@@ -18,12 +18,13 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from model.batching import Batch, make_batch, plan_batches
+from model.batching import Batch, encode_pairs, make_batch, plan_batches
 from model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
 from model.config import PRESETS, ModelConfig
 from model.corpus import read_tsv
 from model.device import DEVICE_CHOICES, bf16_is_native, native_bf16, pick_device
 from model.evaluate import score, translate
+from model.loss import batch_loss, mean_nll
 from model.search import SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -83,21 +84,6 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     return settings.peak_lr * min(step / settings.warmup_steps, math.sqrt(settings.warmup_steps / step))
 
 
-def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Summed loss over (N, V) log-probs: (1 - eps) * NLL + eps * mean over the vocabulary."""
-    nll = -log_probs.gather(-1, target[:, None]).squeeze(-1)
-    uniform = -log_probs.mean(dim=-1)
-    return ((1.0 - smoothing) * nll + smoothing * uniform).sum()
-
-
-def batch_loss(model: Transformer, batch: Batch, smoothing: float) -> torch.Tensor:
-    hidden = model.decode_hidden(batch.src_ids, batch.src_mask, batch.tgt_in)
-    real = batch.tgt_out != model.config.pad_id
-    # Project only real target positions: the V-wide output layer is the costliest matmul.
-    log_probs = model.generate_log_probs(hidden[real])
-    return label_smoothed_loss(log_probs, batch.tgt_out[real], smoothing)
-
-
 def load_or_train_tokenizer(out: Path, pairs: Sequence[tuple[str, str]], vocab_size: int) -> Tokenizer:
     path = out / TOKENIZER_FILE
     if path.is_file():
@@ -106,12 +92,6 @@ def load_or_train_tokenizer(out: Path, pairs: Sequence[tuple[str, str]], vocab_s
     tokenizer = Tokenizer.train((text for pair in pairs for text in pair), vocab_size)
     tokenizer.save(path)
     return tokenizer
-
-
-def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], max_len: int) -> list[tuple[list[int], list[int]]]:
-    sources = tokenizer.encode_batch([src for src, _ in pairs])
-    targets = tokenizer.encode_batch([tgt for _, tgt in pairs])
-    return [(s, t) for s, t in zip(sources, targets, strict=True) if 0 < len(s) <= max_len and 0 < len(t) <= max_len]
 
 
 class Trainer:
@@ -196,17 +176,12 @@ class Trainer:
             shutil.rmtree(old)
 
     def validate(self) -> dict[str, float]:
+        valid_nll = mean_nll(self.model, self.valid_ids, self.valid_batches, self.device)
         self.model.eval()
-        total_loss, total_tokens = 0.0, 0
-        with torch.inference_mode():
-            for index in self.valid_batches:
-                batch = make_batch([self.valid_ids[i] for i in index]).to(self.device)
-                total_loss += float(batch_loss(self.model, batch, 0.0))
-                total_tokens += batch.n_tgt_tokens
         sample = self.valid_pairs[: self.settings.valid_bleu_size]
         hypotheses = translate(self.model, self.tokenizer, [src for src, _ in sample], SearchOptions(beam_size=1))
         self.model.train()
-        return {"step": self.progress.step, "valid_nll": round(total_loss / max(total_tokens, 1), 4), **score(hypotheses, [ref for _, ref in sample])}
+        return {"step": self.progress.step, "valid_nll": round(valid_nll, 4), **score(hypotheses, [ref for _, ref in sample])}
 
     def finished(self, started: float) -> bool:
         settings, progress = self.settings, self.progress

@@ -118,6 +118,18 @@ def test_eval_reproduces_the_validation_bleu(tiny_checkpoint: Path, tiny_corpus:
     assert len(output.read_text().splitlines()) == 10
 
 
+def test_eval_nll_reproduces_the_validation_nll(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """--nll scores the references teacher-forced, as nmt-train's validation does (weights stored in float16 since)."""
+    best = json.loads((tiny_checkpoint / "train.json").read_text())["best"]
+    args = [str(tiny_checkpoint), "--test", str(tiny_corpus["valid"]), "--beam", "1", "--nll", "--output", str(tmp_path / "hyps.txt")]
+    assert eval_main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["nll"] == pytest.approx(best["valid_nll"], abs=0.01)
+    assert eval_main(args[:-3] + ["--output", str(tmp_path / "hyps.txt")]) == 0
+    assert "nll" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
 def test_best_weights_ship_in_float16_and_load_as_float32(tiny_checkpoint: Path) -> None:
     stored = load_file(str(tiny_checkpoint / "model.safetensors"))
     assert {tensor.dtype for tensor in stored.values() if tensor.is_floating_point()} == {torch.float16}
