@@ -53,6 +53,7 @@ class TrainSettings:
     bf16: bool = field(default_factory=native_bf16)  # autocast to bfloat16; nmt-train's default: where the device has it natively
     rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
+    cooldown_steps: int = 0  # > 0 (with max_steps): the LR falls linearly to 0 over the run's last N steps
     dropout: float = -1.0  # < 0: the preset's (or, resuming, the checkpoint's); an overfit model trains on with more
 
 
@@ -79,9 +80,16 @@ def restart_scale(progress: Progress, settings: TrainSettings) -> float:
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
-    """The paper's schedule, d^-0.5 * min(step^-0.5, step * warmup^-1.5), rescaled to peak at `peak_lr`."""
+    """The paper's schedule, d^-0.5 * min(step^-0.5, step * warmup^-1.5), rescaled to peak at `peak_lr`.
+
+    With `cooldown_steps` it then decays linearly to 0 at `max_steps`: the inverse square root never
+    anneals, and a run that ends on a cool-down settles into the minimum its noisy steps hover around.
+    """
     step = max(step, 1)
-    return settings.peak_lr * min(step / settings.warmup_steps, math.sqrt(settings.warmup_steps / step))
+    rate = settings.peak_lr * min(step / settings.warmup_steps, math.sqrt(settings.warmup_steps / step))
+    if settings.cooldown_steps > 0 and settings.max_steps > 0:
+        rate *= min(1.0, max(0.0, (settings.max_steps - step + 1) / settings.cooldown_steps))
+    return rate
 
 
 def load_or_train_tokenizer(out: Path, pairs: Sequence[tuple[str, str]], vocab_size: int) -> Tokenizer:
@@ -301,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if not settings.max_steps and not settings.max_minutes:
         raise SystemExit("nmt-train: give --max-steps or --max-minutes")
+    if settings.cooldown_steps and not settings.max_steps:
+        parser.error("--cooldown-steps needs --max-steps (the step the learning rate reaches 0)")
     torch.manual_seed(settings.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     train_pairs, valid_pairs = read_tsv(args.train), read_tsv(args.valid)

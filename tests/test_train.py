@@ -49,6 +49,21 @@ def test_learning_rate_warms_up_then_decays_as_inverse_sqrt() -> None:
     assert learning_rate(400, settings) == pytest.approx(5e-4)
 
 
+def test_learning_rate_cools_down_linearly_over_the_last_steps() -> None:
+    settings = TrainSettings(peak_lr=1e-3, warmup_steps=100, max_steps=1000, cooldown_steps=200)
+    plain = TrainSettings(peak_lr=1e-3, warmup_steps=100)
+    assert learning_rate(800, settings) == pytest.approx(learning_rate(800, plain))  # before the cool-down
+    assert learning_rate(901, settings) == pytest.approx(learning_rate(901, plain) * 100 / 200)
+    assert learning_rate(1000, settings) == pytest.approx(learning_rate(1000, plain) / 200)  # the last step still moves
+    assert learning_rate(1001, settings) == 0.0
+
+
+def test_train_cooldown_needs_a_step_limit(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    args = [*train_args(tiny_corpus, tmp_path, 0), "--max-minutes", "1", "--cooldown-steps", "5"]
+    with pytest.raises(SystemExit):
+        train_main(args)
+
+
 def test_train_writes_checkpoint_dir(tiny_checkpoint: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "train.json", "last/trainer_state.pt"):
         assert (tiny_checkpoint / name).is_file(), name
