@@ -54,7 +54,7 @@ class TrainSettings:
     rewarmup_steps: int = 300  # after a restart from shipped weights: ramp the LR up again while Adam's moments refill
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
     cooldown_steps: int = 0  # > 0 (with max_steps): the LR falls linearly to 0 over the run's last N steps
-    dropout: float = -1.0  # < 0: the preset's (or, resuming, the checkpoint's); an overfit model trains on with more
+    dropout: float = -1.0  # < 0: the preset's (or, resuming, the checkpoint's)
 
 
 @dataclass

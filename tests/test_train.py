@@ -58,10 +58,11 @@ def test_learning_rate_cools_down_linearly_over_the_last_steps() -> None:
     assert learning_rate(1001, settings) == 0.0
 
 
-def test_train_cooldown_needs_a_step_limit(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+def test_train_cooldown_needs_a_step_limit(tiny_corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = [*train_args(tiny_corpus, tmp_path, 0), "--max-minutes", "1", "--cooldown-steps", "5"]
     with pytest.raises(SystemExit):
         train_main(args)
+    assert "--cooldown-steps needs --max-steps" in capsys.readouterr().err
 
 
 def test_train_writes_checkpoint_dir(tiny_checkpoint: Path) -> None:
@@ -232,8 +233,9 @@ def test_bf16_defaults_on_only_where_the_cpu_has_it(tmp_path: Path, line: str, e
     assert native_bf16(str(tmp_path / "missing")) is False
 
 
-def test_train_dropout_flag_overrides_the_checkpoint_config_on_a_restart(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
-    """An overfit model trains on with more dropout: --dropout replaces the config's, and a bad value names the flag."""
+def test_train_dropout_flag_overrides_the_checkpoint_config_on_a_restart(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """--dropout replaces the checkpoint config's on a restart, and a bad value is refused naming the flag and the limit."""
     import shutil
 
     out = tmp_path / "run"
@@ -246,3 +248,4 @@ def test_train_dropout_flag_overrides_the_checkpoint_config_on_a_restart(tiny_co
     assert json.loads((out / "last" / "config.json").read_text())["dropout"] == 0.3  # an exact resume keeps it
     with pytest.raises(SystemExit):
         train_main([*train_args(tiny_corpus, out, 12), "--resume", "--dropout", "1.5"])
+    assert "--dropout: invalid ModelConfig: dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
