@@ -426,11 +426,8 @@ class Engine:
                  candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
         arranging, copied = time.perf_counter(), self._cache.slots_copied
         self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask, candidate_rows, candidate_count)
-        self.profile.arrange_s += time.perf_counter() - arranging
         self.profile.slots_copied += self._cache.slots_copied - copied
-        self._last_rows = len(parents)
-        if self.observer is not None:  # only the metrics read it
-            self._last_padding = self._cache.padding_ratio()
+        self._arranged(arranging)
 
     def _arrange_in_place(self) -> None:
         """The last step's rows again, each fed the token its request chose (what `_row_inputs` would lay out
@@ -442,9 +439,13 @@ class Engine:
             by_row[np.concatenate([job.row_ids for job in self.active])] = tokens
             tokens = by_row
         self._cache.continue_in_place(tokens)
+        self._arranged(arranging)
+
+    def _arranged(self, arranging: float) -> None:
+        """Both layout paths: the time they took, and the call's rows and padding for the observer."""
         self.profile.arrange_s += time.perf_counter() - arranging
         self._last_rows = self._cache.rows
-        if self.observer is not None:
+        if self.observer is not None:  # only the metrics read it
             self._last_padding = self._cache.padding_ratio()
 
     def _run_decoder(self) -> np.ndarray:
