@@ -200,6 +200,8 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._pending: deque[Job] = deque()
+        self._load = 0  # beam rows of the requests submitted and not finished (`load`)
+        self._load_lock = threading.Lock()  # its own: `_finish` also runs inside `_lock` (jobs dropped at admission)
         self._waited_steps = 0  # steps the pending requests have waited to join a running batch (EngineLimits.join_wait_steps)
         self.active: list[Job] = []
         self.profile = StepProfile()
@@ -221,6 +223,8 @@ class Engine:
         job = Job(next(self._ids), list(src_ids), options, deadline, on_tokens=on_tokens, on_done=on_done)
         with self._lock:
             self._pending.append(job)
+        with self._load_lock:
+            self._load += options.beam_size
         return job
 
     def cancel(self, job: Job) -> None:
@@ -230,6 +234,12 @@ class Engine:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def load(self) -> int:
+        """Beam rows of the requests submitted here and not finished, waiting or running (a scheduler
+        with several engines sends the next request to the least loaded)."""
+        return self._load
 
     @property
     def has_work(self) -> bool:
@@ -506,6 +516,8 @@ class Engine:
 
     def _finish(self, job: Job, outcome: Outcome, error: BaseException | None = None) -> None:
         job.outcome, job.error, job.finished_at = outcome, error, time.perf_counter()
+        with self._load_lock:
+            self._load -= job.options.beam_size
         if outcome is Outcome.OK and job.searcher is not None:
             job.hypotheses = job.searcher.hypotheses()
         if job.slot >= 0:

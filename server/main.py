@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from export.manifest import ModelDirError
+from export.ort_step import available_providers
 from server.arrivals import ArrivalClock
 from server.auth import BearerTokenInterceptor
 from server.engine import Engine, EngineLimits
@@ -25,6 +26,7 @@ from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Scheduler
 from server.service import SERVICE_NAME, TranslationService
 from server.settings import ServerSettings, parse_settings
+from server.workers import available_cores, plan_workers
 
 logger = logging.getLogger("nmt-serve")
 
@@ -36,22 +38,25 @@ DRAIN_QUIET_MAX_S = 2.0
 
 
 class Server:
-    """One process: runtime, engine worker, gRPC server; `run` returns when a drain has finished."""
+    """One process: runtime, engine workers, gRPC server; `run` returns when a drain has finished."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        providers = tuple(p for p in settings.providers.split(",") if p)
-        self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=settings.threads,
+        providers = tuple(p for p in settings.providers.split(",") if p) or tuple(available_providers())
+        plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores())
+        self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=plan.threads,
                                                                        warmup_rows=min(settings.max_rows, 64)))  # fmt: skip
         self.metrics = Metrics()
         limits = EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                               join_group=settings.join_group)  # fmt: skip
-        engine = Engine(self.runtime, limits, self.metrics)
+        # The engines share the runtime's sessions (ONNX Runtime runs calls from several threads); each has its own caches.
+        engines = [Engine(self.runtime, limits, self.metrics) for _ in range(plan.engines)]
+        logger.info("%d engine(s), %s ONNX Runtime thread(s) per session", plan.engines, plan.threads or "default")
         queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
-        self.scheduler = Scheduler(engine, queue_limits, self.metrics)
+        self.scheduler = Scheduler(engines, queue_limits, self.metrics)
         manifest = self.runtime.manifest
         self.metrics.describe_model(manifest.model_name, manifest.model_version, manifest.precision, self.runtime.provider)
-        self.metrics.watch_queue(lambda: engine.pending, lambda: len(engine.active))
+        self.metrics.watch_queue(lambda: self.scheduler.queue_depth, lambda: self.scheduler.running)
         self.health = health.aio.HealthServicer()
         self.service = TranslationService(self.runtime, self.scheduler, settings, self.metrics)
         self.port = 0

@@ -1,4 +1,4 @@
-"""Scheduler: the asyncio face of the engine — bounded admission, deadlines, cancellation, one worker thread."""
+"""Scheduler: the asyncio face of the engines — bounded admission, deadlines, cancellation, one worker thread per engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,46 +49,72 @@ class QueueLimits:
 
 
 class Scheduler:
-    """Submit from the event loop; ONNX Runtime runs in the worker thread, never on the loop."""
+    """Submit from the event loop; ONNX Runtime runs in the engines' worker threads, never on the loop.
 
-    def __init__(self, engine: Engine, limits: QueueLimits = QueueLimits(), observer: SchedulerObserver | None = None) -> None:
-        self.engine = engine
+    Each engine (server/workers.py says how many) steps its own batch in its own thread; a request
+    goes to the engine with the least load (beam rows waiting or running) and stays there.
+    """
+
+    def __init__(self, engines: Sequence[Engine], limits: QueueLimits = QueueLimits(), observer: SchedulerObserver | None = None) -> None:
+        if not engines:
+            raise ValueError("a scheduler needs at least one engine")
+        self.engines = list(engines)
         self.limits = limits
         self.observer = observer
-        self._wake = threading.Event()
+        self._wakes = [threading.Event() for _ in self.engines]
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="nmt-engine", daemon=True)
+        self._threads = [threading.Thread(target=self._work, args=(engine, wake), name=f"nmt-engine-{index}", daemon=True)
+                         for index, (engine, wake) in enumerate(zip(self.engines, self._wakes, strict=True))]  # fmt: skip
         self._lock = threading.Lock()
         self._requests = 0
         self._tokens = 0
         self.draining = False
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
+        for wake in self._wakes:
+            wake.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def queue_depth(self) -> int:
-        return self.engine.pending
+        """Requests waiting to join a batch, all engines."""
+        return sum(engine.pending for engine in self.engines)
+
+    @property
+    def running(self) -> int:
+        """Requests in a batch, all engines."""
+        return sum(len(engine.active) for engine in self.engines)
 
     @property
     def in_flight(self) -> int:
         return self._requests
 
-    def _work(self) -> None:
+    def _work(self, engine: Engine, wake: threading.Event) -> None:
         while not self._stopping.is_set():
-            if not self.engine.has_work:
-                self._wake.wait(0.5)
-                self._wake.clear()
+            if not engine.has_work:
+                wake.wait(0.5)
+                wake.clear()
                 continue
             try:
-                self.engine.step()
+                engine.step()
             except Exception:  # the engine fails its own requests; this only keeps the thread alive
                 logger.exception("engine step raised")
+
+    def _submit(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None,
+                on_tokens: Callable[[Job, np.ndarray], None] | None, on_done: Callable[[Job], None]) -> tuple[Engine, Job]:  # fmt: skip
+        """To the least loaded engine (the first among equals), whose worker is then woken."""
+        index = min(range(len(self.engines)), key=lambda index: self.engines[index].load)
+        engine = self.engines[index]
+        job = engine.submit(src_ids, options, deadline, on_tokens=on_tokens, on_done=on_done)
+        self._wakes[index].set()
+        return engine, job
 
     def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:
         try:
@@ -131,12 +157,11 @@ class Scheduler:
             self._release(job)
             loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(job))
 
-        job = self.engine.submit(src_ids, options, deadline, on_done=on_done)
-        self._wake.set()
+        engine, job = self._submit(src_ids, options, deadline, None, on_done)
         try:
             await finished
         except asyncio.CancelledError:
-            self.engine.cancel(job)
+            engine.cancel(job)
             raise
         return self._result(job)
 
@@ -154,8 +179,7 @@ class Scheduler:
             loop.call_soon_threadsafe(events.put_nowait, job)
 
         streaming = options.beam_size == 1  # a beam's best row can change every step: it sends the n-best at the end
-        job = self.engine.submit(src_ids, options, deadline, on_tokens=on_tokens if streaming else None, on_done=on_done)
-        self._wake.set()
+        engine, job = self._submit(src_ids, options, deadline, on_tokens if streaming else None, on_done)
         try:
             while True:
                 event = await events.get()
@@ -165,7 +189,7 @@ class Scheduler:
                 yield event
         finally:
             if not job.done.is_set():  # the consumer went away (client cancelled): free the rows
-                self.engine.cancel(job)
+                engine.cancel(job)
 
     @staticmethod
     def _result(job: Job) -> list[Hypothesis]:

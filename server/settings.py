@@ -29,15 +29,16 @@ class ServerSettings:
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
-    max_rows: int = 128  # rows (beams included) in one decoder call
-    max_cache_tokens: int = 128 * 256  # rows x past length held as K/V
+    max_rows: int = 128  # rows (beams included) in one decoder call, per engine
+    max_cache_tokens: int = 128 * 256  # rows x past length held as K/V, per engine
     # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
     # steps (0 = every step). Open loop, int8, one core (bench/results/join_policy.md): p99 0.273 -> 0.253 s
     # at 90 requests/s and 0.330 -> 0.279 s at 110, p50 within a few ms.
     join_wait_steps: int = 4
     join_group: int = 4
     default_deadline_s: float = 30.0  # applied when the client sets no deadline
-    threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per core
+    engines: int = 0  # engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU (server/workers.py)
+    threads: int = 0  # ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
     # Lifecycle and security.
     grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
@@ -52,8 +53,9 @@ class ServerSettings:
                      "max_queued_tokens", "max_rows", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.join_wait_steps < 0:
-            problems.append(f"join_wait_steps must be at least 0, got {self.join_wait_steps}")
+        for name in ("join_wait_steps", "engines", "threads"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:

@@ -92,6 +92,29 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
     assert sigterm_row[4].strip() == "0" and sigterm_row[7].strip() == "0"  # nothing lost, exit code 0
 
 
+def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from bench.workers_report import main as workers_report_main
+    from client.loadtest import SAMPLE_TEXTS
+
+    out = tmp_path / "workers.md"
+    assert workers_report_main(["--model-dir", str(tiny_model_dir), "--configs", "1x1,2x1", "--loads", "1:2,2:2", "--rounds", "1",
+                                "--seconds", "0.5", "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith(("| greedy", "| beam"))]
+    assert [(row[1].strip(), row[2].strip()) for row in rows] == [
+        ("greedy, concurrency 2", "1 engine(s) x 1 thread(s)"), ("greedy, concurrency 2", "2 engine(s) x 1 thread(s)"),
+        ("beam 2, concurrency 2", "1 engine(s) x 1 thread(s)"), ("beam 2, concurrency 2", "2 engine(s) x 1 thread(s)")]  # fmt: skip
+    assert all(float(row[3]) > 0 for row in rows) and rows[0][4].strip() == "1.00x"
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--configs", "2x0", "ENGINESxTHREADS"), ("--loads", "4", "BEAM:CONCURRENCY")])
+def test_workers_report_refuses_bad_lists(flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.workers_report import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([flag, value])
+    assert message in capsys.readouterr().err
+
+
 def test_join_policy_table_has_a_row_per_wait_and_one_for_static(tiny_model_dir: Path) -> None:
     from bench.join_policy import compare_waits
 

@@ -26,9 +26,9 @@ def runtime(tiny_model_dir: Path) -> Runtime:
     return Runtime(tiny_model_dir, RuntimeSettings(warmup_rows=2, warmup_src_len=4))
 
 
-@pytest.fixture
-def scheduler(runtime: Runtime) -> Iterator[Scheduler]:
-    scheduler = Scheduler(Engine(runtime), QueueLimits(max_requests=8, max_tokens=100))
+@pytest.fixture(params=[1, 2], ids=["one engine", "two engines"])
+def scheduler(runtime: Runtime, request: pytest.FixtureRequest) -> Iterator[Scheduler]:
+    scheduler = Scheduler([Engine(runtime) for _ in range(request.param)], QueueLimits(max_requests=8, max_tokens=100))
     scheduler.start()
     yield scheduler
     scheduler.stop()
@@ -49,10 +49,33 @@ def test_scheduler_concurrent_requests_equal_each_alone(scheduler: Scheduler, ti
     for source, options, hypotheses in zip(SOURCES, [GREEDY, BEAM, GREEDY, BEAM], results, strict=True):
         assert [h.token_ids for h in hypotheses] == [h.token_ids for h in alone(tiny_model_dir, source, options)]
     assert scheduler.in_flight == 0
+    assert [engine.load for engine in scheduler.engines] == [0] * len(scheduler.engines)
+
+
+def test_scheduler_sends_each_request_to_the_least_loaded_engine(runtime: Runtime) -> None:
+    engines = [Engine(runtime), Engine(runtime)]
+    scheduler = Scheduler(engines)  # not started: the requests stay where they were sent
+
+    async def run() -> None:
+        long = SearchOptions(min_output_tokens=50, max_output_tokens=60)
+        tasks = [asyncio.ensure_future(scheduler.translate(source, options))
+                 for source, options in ((SOURCES[0], SearchOptions(beam_size=3, min_output_tokens=50, max_output_tokens=60)), (SOURCES[1], long), (SOURCES[2], long))]  # fmt: skip
+        await asyncio.sleep(0)
+        # Beam rows waiting: the beam of 3 went to the first engine, then both greedy requests to the second.
+        assert [engine.load for engine in engines] == [3, 2] and [engine.pending for engine in engines] == [1, 2]
+        assert scheduler.queue_depth == 3 and scheduler.running == 0
+        for task in tasks:
+            task.cancel()
+        await asyncio.sleep(0)
+        for engine in engines:
+            engine.step()  # cancelled before joining: dropped at admission
+        assert [engine.load for engine in engines] == [0, 0]
+
+    asyncio.run(run())
 
 
 def test_scheduler_rejects_beyond_the_request_limit(runtime: Runtime) -> None:
-    scheduler = Scheduler(Engine(runtime), QueueLimits(max_requests=2, max_tokens=1000))  # not started: nothing drains
+    scheduler = Scheduler([Engine(runtime)], QueueLimits(max_requests=2, max_tokens=1000))  # not started: nothing drains
 
     async def run() -> None:
         tasks = [asyncio.ensure_future(scheduler.translate([5, 6], GREEDY)) for _ in range(2)]
@@ -80,7 +103,7 @@ def test_scheduler_past_deadline_is_rejected_before_admission(scheduler: Schedul
 
 def test_scheduler_deadline_during_decode_fails_as_expired(runtime: Runtime) -> None:
     engine = Engine(runtime)
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler([engine])
 
     async def run() -> None:
         task = asyncio.ensure_future(scheduler.translate([5, 6], SearchOptions(min_output_tokens=50, max_output_tokens=60), deadline=time.monotonic() + 0.5))
@@ -98,7 +121,7 @@ def test_scheduler_deadline_during_decode_fails_as_expired(runtime: Runtime) -> 
 
 def test_scheduler_cancelled_task_frees_its_rows(runtime: Runtime) -> None:
     engine = Engine(runtime)
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler([engine])
 
     async def run() -> None:
         task = asyncio.ensure_future(scheduler.translate([5, 6], SearchOptions(min_output_tokens=50, max_output_tokens=60)))

@@ -113,10 +113,11 @@ def test_row1_no_texts_is_invalid_argument(stub) -> None:  # type: ignore[no-unt
 
 
 def test_row2_blank_texts_translate_to_empty_without_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
-    steps = running.server.scheduler.engine.profile.steps
+    engines = running.server.scheduler.engines
+    steps = [engine.profile.steps for engine in engines]
     response = stub.Translate(texts_request("", "   \t\n"), timeout=10)
     assert [t.hypotheses[0].text for t in response.translations] == ["", ""]
-    assert running.server.scheduler.engine.profile.steps == steps
+    assert [engine.profile.steps for engine in engines] == steps
 
 
 def test_row3_text_over_the_char_limit_names_it_before_tokenizing(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
@@ -198,8 +199,7 @@ def test_row14_tiny_deadline_never_reaches_the_engine(stub, running: RunningServ
     code, _ = code_of(stub.Translate, texts_request("Ich sehe den Hund.", min_output_tokens=60, max_output_tokens=60), timeout=0.001)
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(0.2)
-    engine = running.server.scheduler.engine
-    assert not engine.active and not engine.pending
+    assert running.server.scheduler.running == 0 and running.server.scheduler.queue_depth == 0
 
 
 def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_model_dir: Path) -> None:
@@ -212,14 +212,14 @@ def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_mo
 
 
 def test_row15_cancelled_stream_leaves_the_batch(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
-    engine = running.server.scheduler.engine
+    scheduler = running.server.scheduler
     call = stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)), timeout=30)
     next(call)  # decoding has started
     call.cancel()
     deadline = time.monotonic() + 5
-    while (engine.active or engine.pending) and time.monotonic() < deadline:
+    while (scheduler.running or scheduler.queue_depth) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not engine.active and not engine.pending
+    assert scheduler.running == 0 and scheduler.queue_depth == 0
 
 
 def test_row16_a_burst_is_served_or_rejected_fast(tiny_model_dir: Path) -> None:

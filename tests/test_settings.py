@@ -34,6 +34,8 @@ def test_every_field_reads_its_environment_variable_and_flags_win() -> None:
     ([], {"NMT_MAX_ROWS": "many"}, "NMT_MAX_ROWS"),
     (["--join-wait-steps", "-1"], {}, "join_wait_steps"),
     (["--join-group", "0"], {}, "join_group"),
+    (["--engines", "-1"], {}, "engines must be at least 0, got -1"),
+    ([], {"NMT_THREADS": "-2"}, "threads must be at least 0, got -2"),
 ])  # fmt: skip
 def test_bad_settings_are_named(argv: list[str], environ: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):

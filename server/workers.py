@@ -1,0 +1,56 @@
+"""How many engines (each a worker thread stepping its own batch) and ONNX Runtime threads per session to run.
+
+On a CPU the engines are replicas sharing one pair of sessions: a decoder step's cost grows about
+linearly with its rows past a few (default int8 model, one thread: 0.5 ms at 1 row, 1.0 ms at 10,
+1.9 ms at 20, 3.7 ms at 40), so a bigger batch buys little, and ONNX Runtime's intra-op threads
+split this model's small kernels badly: a burst of 400 mixed requests ran at 129-141 requests/s
+with one engine on 2 threads, 180-201 with one engine on 1 thread, and 277-351 with two engines on
+1 thread each (2 cores; ONNX Runtime releases the GIL while it runs, so the engines' runs overlap).
+A GPU runs one call at a time anyway: one engine there.
+
+Chosen automatically, engines stop at MAX_AUTO_ENGINES and more cores go to intra-op threads: each
+engine spends about a quarter of its step in Python (search, cache layout), which holds the GIL,
+so past about four engines they would queue for it (reasoned from that share; only 2 cores were
+measured).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+MAX_AUTO_ENGINES = 4
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    engines: int
+    threads: int  # intra-op threads of each session; 0 = ONNX Runtime's default (GPU)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, which taskset and container cpusets narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def plan_workers(engines: int, threads: int, on_gpu: bool, cores: int) -> WorkerPlan:
+    """engines / threads as configured, 0 = chosen: on a CPU one engine per core (up to MAX_AUTO_ENGINES)
+    with the cores shared out as threads, or the cores shared out around the one given; on a GPU one engine."""
+    if on_gpu:
+        return WorkerPlan(engines or 1, threads)
+    if engines and threads:
+        if engines * threads > cores:
+            logger.warning("%d engines x %d threads is more than the %d cores available: they will time-share", engines, threads, cores)
+        return WorkerPlan(engines, threads)
+    if engines:
+        return WorkerPlan(engines, max(1, cores // engines))
+    if threads:
+        return WorkerPlan(max(1, min(MAX_AUTO_ENGINES, cores // threads)), threads)
+    engines = max(1, min(MAX_AUTO_ENGINES, cores))
+    return WorkerPlan(engines, max(1, cores // engines))
