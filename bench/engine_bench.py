@@ -23,8 +23,10 @@ from server.engine import StepProfile
 logger = logging.getLogger(__name__)
 
 
-def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool) -> list[System]:
-    systems: list[System] = [TorchSystem(checkpoint, threads)]
+def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool, workers: int = 1) -> list[System]:
+    """workers: translators working in parallel per system, `threads` each (our engines; CTranslate2's
+    inter_threads); PyTorch has no such setting and runs on workers x threads threads."""
+    systems: list[System] = [TorchSystem(checkpoint, threads * workers)]
     if with_ct2:
         from bench.ct2_convert import convert_checkpoint
 
@@ -32,9 +34,9 @@ def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, thr
         tokens = tokenizer.token_strings()
         for quantization, label in ((None, "fp32"), ("int8", "int8")):
             ct2_dir = convert_checkpoint(checkpoint, work / f"ct2-{label}", quantization)
-            systems.append(CTranslate2System(ct2_dir, tokens, threads, label))
+            systems.append(CTranslate2System(ct2_dir, tokens, threads, label, workers))
     for label, model_dir in model_dirs.items():
-        systems.append(EngineSystem(model_dir, threads, label))
+        systems.append(EngineSystem(model_dir, threads, label, engines=workers))
     return systems
 
 
@@ -125,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beams", default="1,4")
     parser.add_argument("--length", type=int, default=32, help="forced output length")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime / CTranslate2 intra-op threads per worker")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="parallel translators per system: our engines (nmt-serve --engines), CTranslate2 inter_threads")
     parser.add_argument("--models", default="default,base", help="default (the shipped model) and/or base (random d512 6+6 V32k)")
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
     parser.add_argument("--open-loop-seconds", type=float, default=30.0, help="per batching mode; 0 skips the open-loop run")
@@ -149,14 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 checkpoint, model_dirs = build_random_checkpoint(work / "base")
                 test = None
-            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2)
+            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2, args.workers)
             # torch and the systems' objects frozen: a full collection (~80 ms over ~170k objects) would
             # otherwise land in a random cell of a random system.
             gc.freeze()
             vocab = load_checkpoint(checkpoint).config.vocab_size
             sources = sample_sources(test, max(32, *(c.batch for c in cells)), vocab, checkpoint)  # 32: the metrics-cost cells
             results = time_cells(systems, sources, cells, args.repeats)
-            sections.append(format_table(f"{model} model, output length {args.length}, {args.threads} threads", systems, cells, results))
+            parallel = f", {args.workers} workers x" if args.workers > 1 else ","
+            sections.append(format_table(f"{model} model, output length {args.length}{parallel} {args.threads} threads", systems, cells, results))
             sections.append(format_profiles(model, [s for s in systems if isinstance(s, EngineSystem)]))
             if model == "default" and args.open_loop_seconds > 0:
                 # The served default precision (server/settings.py) when it is among the systems.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,29 +54,40 @@ class TorchSystem:
 
 
 class EngineSystem:
-    """Our serving engine (continuous batching over ONNX Runtime): all sources submitted at once."""
+    """Our serving engine (continuous batching over ONNX Runtime): all sources submitted at once.
 
-    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False) -> None:
+    With several engines (the server's `--engines`), each source goes to the least loaded engine, as
+    the server's scheduler sends requests, and each engine steps in its own thread."""
+
+    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1) -> None:
         self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16))
         self.runtime.warm_up()
         # With metrics, every observation the server makes per step and per request is made here too.
         self.metrics = Metrics() if metrics else None
-        self.engine = Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22), self.metrics)
+        self.engines = [Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22), self.metrics) for _ in range(engines)]
+        self.engine = self.engines[0]
         self.name = f"nmt-serve {label}"
         self.cell_profiles: dict[Cell, StepProfile] = {}  # where step time went, per cell this system ran
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
-        before = replace(self.engine.profile)
+        before = [replace(engine.profile) for engine in self.engines]
         tokens = self._run(sources, cell)
-        self.cell_profiles[cell] = self.cell_profiles.get(cell, StepProfile()) + (self.engine.profile - before)
+        for engine, earlier in zip(self.engines, before, strict=True):
+            self.cell_profiles[cell] = self.cell_profiles.get(cell, StepProfile()) + (engine.profile - earlier)
         return tokens
 
     def _run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         options = forced_options(cell)
         started = time.perf_counter()
-        jobs = [self.engine.submit(source, options) for source in sources]
-        while self.engine.has_work:
-            self.engine.step()
+        jobs = [min(self.engines, key=lambda engine: engine.load).submit(source, options) for source in sources]
+        if len(self.engines) == 1:
+            drain(self.engine)
+        else:
+            workers = [threading.Thread(target=drain, args=(engine,)) for engine in self.engines]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
         if self.metrics is not None:
             for job in jobs:
                 self.metrics.finished_job(job.joined_at - job.submitted_at, job.first_token_at - job.submitted_at, len(job.src_ids),
@@ -83,20 +96,28 @@ class EngineSystem:
         return sum(len(job.hypotheses[0].token_ids) for job in jobs)
 
 
-class CTranslate2System:
-    """CTranslate2 on a model converted from our checkpoint (bench/ct2_convert.py)."""
+def drain(engine: Engine) -> None:
+    while engine.has_work:
+        engine.step()
 
-    def __init__(self, model_dir: Path, tokens: list[str], threads: int, label: str) -> None:
+
+class CTranslate2System:
+    """CTranslate2 on a model converted from our checkpoint (bench/ct2_convert.py). With several workers
+    (its `inter_threads`, its documented setting for throughput) a batch is split among them."""
+
+    def __init__(self, model_dir: Path, tokens: list[str], threads: int, label: str, workers: int = 1) -> None:
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=workers)
         self.tokens = tokens
+        self.workers = workers
         self.name = f"ctranslate2 {label}"
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         batch = [[self.tokens[i] for i in source] for source in sources]
+        split = 0 if self.workers == 1 else math.ceil(len(batch) / self.workers)  # 0: one batch, unsplit
         # CTranslate2 counts the length without BOS; min = max forces exactly `length` tokens.
         results = self.translator.translate_batch(
-            batch, beam_size=cell.beam, max_decoding_length=cell.length, min_decoding_length=cell.length, max_batch_size=0
+            batch, beam_size=cell.beam, max_decoding_length=cell.length, min_decoding_length=cell.length, max_batch_size=split
         )
         return sum(len(result.hypotheses[0]) for result in results)

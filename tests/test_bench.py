@@ -24,6 +24,14 @@ def test_bench_systems_generate_the_forced_length_and_fill_the_table(tiny_checkp
     assert "| 3 | 1 |" in table and "x)" in table
 
 
+def test_bench_engine_system_with_two_engines_splits_the_batch(tiny_model_dir: Path) -> None:
+    system = EngineSystem(tiny_model_dir, threads=1, label="fp32", engines=2)
+    cell = Cell(batch=3, beam=4, length=5)
+    assert system.run(SOURCES, cell) == 3 * 5
+    assert all(engine.profile.steps >= 5 for engine in system.engines)  # both stepped (beam requests of 4 rows: 2 + 1)
+    assert system.cell_profiles[cell].steps == sum(engine.profile.steps for engine in system.engines)
+
+
 @pytest.mark.parametrize("continuous", [True, False])
 def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous: bool) -> None:
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
@@ -50,8 +58,10 @@ def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: P
 
     tokenizer = load_checkpoint(tiny_checkpoint).tokenizer
     tokens = tokenizer.token_strings()
-    system = CTranslate2System(convert_checkpoint(tiny_checkpoint, tmp_path / "ct2", "int8"), tokens, threads=1, label="int8")
-    assert system.run(SOURCES, Cell(batch=3, beam=4, length=6)) == 3 * 6
+    ct2_dir = convert_checkpoint(tiny_checkpoint, tmp_path / "ct2", "int8")
+    for workers in (1, 2):  # two: the batch is split between CTranslate2's two inter-op workers
+        system = CTranslate2System(ct2_dir, tokens, threads=1, label="int8", workers=workers)
+        assert system.run(SOURCES, Cell(batch=3, beam=4, length=6)) == 3 * 6
 
 
 def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
