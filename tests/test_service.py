@@ -21,7 +21,8 @@ GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute.", "Du habe einen großen 
 
 @pytest.fixture(scope="module")
 def running(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    with RunningServer(server_settings(tiny_model_dir)) as server:
+    # Two engines whatever the machine's cores: every test here also checks that requests spread over engines keep their results.
+    with RunningServer(server_settings(tiny_model_dir, engines=2)) as server:
         yield server
 
 
@@ -61,6 +62,17 @@ def test_translate_returns_one_nbest_per_text_in_order(stub, running: RunningSer
     # Each text's result is what it gets alone (continuous batching must not change outputs).
     alone = stub.Translate(texts_request(GERMAN[1], beam_size=3, num_hypotheses=2), timeout=30)
     assert alone.translations[0] == response.translations[1]
+
+
+def test_concurrent_requests_over_two_engines_equal_each_alone(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    requests = [texts_request(text, beam_size=beam, num_hypotheses=1) for text in GERMAN for beam in (1, 3)] * 4
+    alone = [stub.Translate(request, timeout=30) for request in requests[:6]]  # one at a time
+    engines = running.server.scheduler.engines
+    steps = [engine.profile.steps for engine in engines]
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda request: stub.Translate(request, timeout=30), requests))
+    assert len(engines) == 2 and all(engine.profile.steps > before for engine, before in zip(engines, steps, strict=True))
+    assert together == alone * 4
 
 
 def test_stream_deltas_concatenate_to_the_unary_result(stub) -> None:  # type: ignore[no-untyped-def]
