@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from export.source_layout import source_layout
 from model.config import ModelConfig
 
 INITIAL_ROWS = 8
@@ -200,48 +201,27 @@ class StepCache:
         self.slots_copied += sum(end - start for _, _, start, end in copies)
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
-        """Give each source read by the call a place and map rows to sources. A source keeps the place it
-        had (its K/V are not copied again, however its rows move); new sources, and sources whose place
-        is past the new count, take the places left, lowest first."""
-        rows = len(keys)
-        unique_keys, first_row, source_of_row = np.unique(keys, return_index=True, return_inverse=True)
-        sources = len(unique_keys)
-        held = self._source_keys[: min(self.sources, sources)]  # places that can be kept
-        by_key = np.argsort(held)
-        found_at = np.minimum(np.searchsorted(held, unique_keys, sorter=by_key), max(len(held) - 1, 0))
-        kept = held[by_key[found_at]] == unique_keys if len(held) else np.zeros(sources, dtype=bool)
-        place_of = np.full(sources, -1, dtype=np.int64)
-        place_of[kept] = by_key[found_at[kept]]
-        taken = np.zeros(sources, dtype=bool)
-        taken[place_of[kept]] = True
-        place_of[~kept] = np.flatnonzero(~taken)  # as many free places as sources without one
-        source_of_row = place_of[source_of_row.reshape(-1)]
-        source_keys, source_slots = np.empty_like(unique_keys), np.empty_like(unique_keys)
-        source_keys[place_of], source_slots[place_of] = unique_keys, slots[first_row]
+        """Give each source read by the call a place and map rows to sources (export/source_layout.py): a
+        source keeps the place it had, so its K/V are copied only into a place new to it."""
+        layout = source_layout(keys, slots, self._source_keys[: self.sources])
+        sources, queries = layout.source_queries.shape
         self._reserve_sources(sources, pool_mask.shape[1])
-        stale = np.flatnonzero(self._source_keys[:sources] != source_keys)
+        stale = np.flatnonzero(self._source_keys[:sources] != layout.source_keys)
         if stale.size:
-            width = pool_mask.shape[1]
+            width, stale_slots = pool_mask.shape[1], layout.source_slots[stale]
             for buffer, pool in zip(self._cross, pool_cross, strict=True):
-                buffer[stale, :, :width] = pool[source_slots[stale]]
-            self._src_mask[stale, :width] = pool_mask[source_slots[stale]]
+                buffer[stale, :, :width] = pool[stale_slots]
+            self._src_mask[stale, :width] = pool_mask[stale_slots]
             self._src_mask[stale, width:] = False
-            self._source_keys[stale] = source_keys[stale]
+            self._source_keys[stale] = layout.source_keys[stale]
             self.sources_copied += len(stale)
-        # Rows grouped by source (in row order); a source with fewer rows than the most repeats its first row.
-        counts = np.bincount(source_of_row, minlength=sources)
-        queries = int(counts.max(initial=0))
-        by_source = np.argsort(source_of_row, kind="stable")
-        starts = np.cumsum(counts) - counts
-        rank = np.arange(rows) - np.repeat(starts, counts)
         if self._source_queries.shape != (sources, queries):  # a new shape, at the same address
             if sources * queries > len(self._source_query_buffer):
                 self._source_query_buffer = np.zeros(max(sources * queries, 2 * len(self._source_query_buffer)), dtype=np.int64)
                 self._forget_bindings()
             self._source_queries = self._source_query_buffer[: sources * queries].reshape(sources, queries)
-        self._source_queries[:] = by_source[starts][:, None]
-        self._source_queries[source_of_row[by_source], rank] = by_source
-        self._row_queries[by_source] = source_of_row[by_source] * queries + rank
+        self._source_queries[:] = layout.source_queries
+        self._row_queries[: len(keys)] = layout.row_queries
         self.sources, self._row_keys = sources, keys.copy()
 
     def _arrange_candidates(self, candidate_rows: np.ndarray | None, count: int) -> None:
