@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 class ServerProcess:
     """One `python -m server.main` process on free loopback ports."""
 
-    def __init__(self, model_dir: Path, threads: int, work: Path, *flags: str) -> None:
+    def __init__(self, model_dir: Path, work: Path, *flags: str) -> None:
         port_file = work / f"port-{time.monotonic_ns()}"
         self.log = work / f"{port_file.name}.log"
         self.process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
-                                         "--metrics-port", "-1", "--threads", str(threads), *flags],
+                                         "--metrics-port", "-1", *flags],
                                         cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 120
         while not (port_file.exists() and port_file.read_text()):
@@ -61,15 +61,16 @@ def load(target: str, texts_path: Path | None, *flags: str) -> LoadTest:
     return LoadTest(args, load_texts(args.texts))
 
 
-def curve(model_dirs: dict[str, Path], concurrencies: list[int], seconds: float, threads: int, texts: Path | None, work: Path) -> tuple[str, float]:
-    lines = [f"### Throughput and latency over concurrency (closed loop, {seconds:g} s per point, {threads} server thread(s))", "",
+def curve(model_dirs: dict[str, Path], concurrencies: list[int], seconds: float, flags: tuple[str, ...], texts: Path | None,
+          work: Path) -> tuple[str, float]:  # fmt: skip
+    lines = [f"### Throughput and latency over concurrency (closed loop, {seconds:g} s per point, server flags `{' '.join(flags)}`)", "",
              "| precision | concurrency | requests/s | tokens/s | p50 (s) | p90 (s) | p99 (s) | errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     capacity = 0.0
     for precision, model_dir in model_dirs.items():
-        server = ServerProcess(model_dir, threads, work, "--max-queued-requests", str(4 * max(concurrencies)))
+        process = ServerProcess(model_dir, work, *flags, "--max-queued-requests", str(4 * max(concurrencies)))
         try:
             for concurrency in concurrencies:
-                report = asyncio.run(load(server.target, texts, "--concurrency", str(concurrency), "--duration", str(seconds)).run())
+                report = asyncio.run(load(process.target, texts, "--concurrency", str(concurrency), "--duration", str(seconds)).run())
                 lat = report.latency_s
                 lines.append(f"| {precision} | {concurrency} | {report.requests_per_s:.1f} | {report.tokens_per_s:.0f} | {lat['p50']:.3f} "
                              f"| {lat['p90']:.3f} | {lat['p99']:.3f} | {report.errors} |")  # fmt: skip
@@ -77,12 +78,12 @@ def curve(model_dirs: dict[str, Path], concurrencies: list[int], seconds: float,
                     capacity = max(capacity, report.requests_per_s)
                 logger.info("%s concurrency %d: %.1f requests/s", precision, concurrency, report.requests_per_s)
         finally:
-            server.stop()
+            process.stop()
     return "\n".join(lines), capacity
 
 
-def overload(model_dir: Path, capacity: float, seconds: float, threads: int, texts: Path | None, work: Path) -> str:
-    server = ServerProcess(model_dir, threads, work, "--max-queued-requests", "64")
+def overload(model_dir: Path, capacity: float, seconds: float, flags: tuple[str, ...], texts: Path | None, work: Path) -> str:
+    server = ServerProcess(model_dir, work, *flags, "--max-queued-requests", "64")
     try:
         before = server.rss_mb()
         rate = 2 * capacity
@@ -100,8 +101,8 @@ def overload(model_dir: Path, capacity: float, seconds: float, threads: int, tex
     ])  # fmt: skip
 
 
-def sigterm_under_load(model_dir: Path, threads: int, texts: Path | None, work: Path, concurrency: int = 32, after_s: float = 5.0) -> str:
-    server = ServerProcess(model_dir, threads, work, "--grace-s", "20")
+def sigterm_under_load(model_dir: Path, flags: tuple[str, ...], texts: Path | None, work: Path, concurrency: int = 32, after_s: float = 5.0) -> str:
+    server = ServerProcess(model_dir, work, *flags, "--grace-s", "20")
     test = load(server.target, texts, "--concurrency", str(concurrency), "--duration", str(after_s + 3))
     times: dict[str, float] = {}
 
@@ -136,8 +137,8 @@ def sigterm_under_load(model_dir: Path, threads: int, texts: Path | None, work: 
     ])  # fmt: skip
 
 
-def soak(model_dir: Path, seconds: float, threads: int, texts: Path | None, work: Path, concurrency: int = 8) -> str:
-    server = ServerProcess(model_dir, threads, work)
+def soak(model_dir: Path, seconds: float, flags: tuple[str, ...], texts: Path | None, work: Path, concurrency: int = 8) -> str:
+    server = ServerProcess(model_dir, work, *flags)
     try:
         asyncio.run(load(server.target, texts, "--concurrency", str(concurrency), "--duration", "10").run())  # warm: pools and caches
         before = server.rss_mb()
@@ -162,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overload-seconds", type=float, default=180.0)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     parser.add_argument("--sigterm-after", type=float, default=5.0, help="seconds of load before SIGTERM")
-    parser.add_argument("--threads", type=int, default=2, help="server ONNX Runtime threads")
+    parser.add_argument("--engines", type=int, default=0, help="nmt-serve --engines (0: the server's choice)")
+    parser.add_argument("--threads", type=int, default=0, help="nmt-serve --threads, ONNX Runtime threads per session (0: the server's choice)")
     parser.add_argument("--texts", type=Path, default=None, help="as nmt-loadtest --texts")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load.md")
     return parser
@@ -175,10 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     concurrencies = [int(value) for value in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        table, capacity = curve(model_dirs, concurrencies, args.point_seconds, args.threads, args.texts, work)
-        sections = [table, overload(model_dirs["int8"], capacity, args.overload_seconds, args.threads, args.texts, work),
-                    sigterm_under_load(model_dirs["int8"], args.threads, args.texts, work, after_s=args.sigterm_after),
-                    soak(model_dirs["int8"], args.soak_seconds, args.threads, args.texts, work)]  # fmt: skip
+        flags = ("--engines", str(args.engines), "--threads", str(args.threads))
+        table, capacity = curve(model_dirs, concurrencies, args.point_seconds, flags, args.texts, work)
+        sections = [table, overload(model_dirs["int8"], capacity, args.overload_seconds, flags, args.texts, work),
+                    sigterm_under_load(model_dirs["int8"], flags, args.texts, work, after_s=args.sigterm_after),
+                    soak(model_dirs["int8"], args.soak_seconds, flags, args.texts, work)]  # fmt: skip
     write_report("Load and reliability figures", "nmt-load-report", argv, sections, args.out)
     return 0
 

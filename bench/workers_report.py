@@ -71,7 +71,7 @@ def measure(model_dir: Path, configs: list[Config], loads: list[Load], rounds: i
     results: dict[tuple[Load, Config], list[tuple[float, float, float]]] = {}
     for round_number in range(rounds):
         for config in configs:
-            server = ServerProcess(model_dir, config.threads, work, "--engines", str(config.engines), "--max-queued-requests", "1024")
+            server = ServerProcess(model_dir, work, "--engines", str(config.engines), "--threads", str(config.threads), "--max-queued-requests", "1024")
             try:
                 for load_point in loads:
                     flags = ("--concurrency", str(load_point.concurrency), "--duration", str(seconds), "--beam", str(load_point.beam))

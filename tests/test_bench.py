@@ -93,7 +93,7 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
         (model / f"onnx-{precision}").symlink_to(tiny_model_dir)
     out = tmp_path / "load.md"
     assert load_report_main(["--model", str(model), "--concurrency", "1,2", "--point-seconds", "0.5", "--overload-seconds", "0.5",
-                             "--soak-seconds", "0.5", "--sigterm-after", "0.5", "--threads", "1", "--texts", str(SAMPLE_TEXTS),
+                             "--soak-seconds", "0.5", "--sigterm-after", "0.5", "--engines", "2", "--threads", "1", "--texts", str(SAMPLE_TEXTS),
                              "--out", str(out)]) == 0  # fmt: skip
     report = out.read_text()
     for title in ("Throughput and latency over concurrency", "Overload", "SIGTERM under load", "Soak"):
