@@ -41,6 +41,8 @@ KEEP_BYTES = 64 << 20
 # Moves of at most this many rows x slots copy every used slot (cheaper than finding the slots a row
 # already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
 SMALL_COPY_SLOTS = 64
+# Source buffers are not narrowed below this width (a narrower call saves little and would rebind often).
+MIN_SOURCE_WIDTH = 16
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, sources, queries) layout met since the buffers last moved
 
 
@@ -52,11 +54,12 @@ class Binding:
 
 
 def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[int, ...] = ()) -> np.ndarray:
-    """`array` in a larger `shape`, `fill` elsewhere (zeros, not empty memory: masked source slots are
-    multiplied by 0, and 0 * NaN from stale memory is NaN). `kept` limits what is carried over on the
-    first axes (say, the live rows); the other axes carry all of `array`."""
+    """`array` in another `shape` (larger, or narrower on an axis whose tail is not needed), `fill`
+    elsewhere (zeros, not empty memory: masked source slots are multiplied by 0, and 0 * NaN from
+    stale memory is NaN). `kept` limits what is carried over on the first axes (say, the live rows);
+    the other axes carry all of `array` that fits."""
     new = np.zeros(shape, dtype=array.dtype) if fill == 0 else np.full(shape, fill, dtype=array.dtype)
-    region = tuple(slice(extent) for extent in (*kept, *array.shape[len(kept) :]))
+    region = tuple(slice(min(extent, size)) for extent, size in zip((*kept, *array.shape[len(kept) :]), shape, strict=True))
     new[region] = array[region]
     return new
 
@@ -205,14 +208,17 @@ class StepCache:
         source keeps the place it had, so its K/V are copied only into a place new to it."""
         layout = source_layout(keys, slots, self._source_keys[: self.sources])
         sources, queries = layout.source_queries.shape
-        self._reserve_sources(sources, pool_mask.shape[1])
+        # The call's longest source (masks are True up to each source's end): cross-attention runs over the
+        # bound width, so the buffers follow it down as well as up, not the longest source ever seen.
+        width = int(pool_mask[layout.source_slots].sum(axis=1).max(initial=1))
+        self._fit_sources(sources, width)
         stale = np.flatnonzero(self._source_keys[:sources] != layout.source_keys)
+        for place, slot in zip(stale.tolist(), layout.source_slots[stale].tolist(), strict=True):
+            for buffer, pool in zip(self._cross, pool_cross, strict=True):  # basic indexing: no temporary copy
+                buffer[place, :, :width] = pool[slot, :, :width]
+            self._src_mask[place, :width] = pool_mask[slot, :width]
+            self._src_mask[place, width:] = False
         if stale.size:
-            width, stale_slots = pool_mask.shape[1], layout.source_slots[stale]
-            for buffer, pool in zip(self._cross, pool_cross, strict=True):
-                buffer[stale, :, :width] = pool[stale_slots]
-            self._src_mask[stale, :width] = pool_mask[stale_slots]
-            self._src_mask[stale, width:] = False
             self._source_keys[stale] = layout.source_keys[stale]
             self.sources_copied += len(stale)
         if self._source_queries.shape != (sources, queries):  # a new shape, at the same address
@@ -294,13 +300,16 @@ class StepCache:
         self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
         self._forget_bindings()  # new memory: bind again
 
-    def _reserve_sources(self, sources: int, width: int) -> None:
-        """Grow the source buffers (doubling) so `sources` sources of `width` tokens fit; places keep their K/V."""
+    def _fit_sources(self, sources: int, width: int) -> None:
+        """Source buffers for `sources` places of `width` tokens: grown (places doubling) when too small, and
+        narrowed to `width` once it is at most half their width (a long source has left), so cross-attention
+        stops paying for it. Places keep their K/V: every live source fits in `width`."""
         source_cap, width_cap = self._src_mask.shape
-        if sources <= source_cap and width <= width_cap:
+        narrow = width_cap > MIN_SOURCE_WIDTH and 2 * width <= width_cap
+        if sources <= source_cap and width <= width_cap and not narrow:
             return
         new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
-        new_width = max(width, width_cap)
+        new_width = max(width, MIN_SOURCE_WIDTH) if narrow else max(width, width_cap)
         self._cross = [grown(buffer, (new_sources, self.n_heads, new_width, self.head_dim)) for buffer in self._cross]
         self._src_mask = grown(self._src_mask, (new_sources, new_width))
         self._source_keys = grown(self._source_keys, (new_sources,), fill=-1)

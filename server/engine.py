@@ -542,6 +542,12 @@ class Engine:
     def _encode(self, jobs: list[Job]) -> None:
         """Encode in groups of similar length: an encoder call costs its padded size, so one long
         source would make every short one in its call pay for the long one's length."""
+        # The pool is as wide as its longest source; once that is at most half its width (a long request
+        # has left), it narrows to the longest live source, so joins stop padding and copying to the old width.
+        longest = max(len(job.src_ids) for job in [*self.active, *jobs]) + 1  # + EOS
+        if self._src_mask.shape[1] >= 2 * longest:
+            self._cross = [np.ascontiguousarray(layer[:, :, :longest]) for layer in self._cross]
+            self._src_mask = np.ascontiguousarray(self._src_mask[:, :longest])
         for group in length_groups(jobs):
             self._encode_group(group)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from export.ort_step import OrtStep
-from export.step_cache import StepCache
+from export.step_cache import MIN_SOURCE_WIDTH, StepCache
 from model.search import Hypothesis, SearchOptions, generate
 from server.engine import Engine, EngineLimits, Job, Outcome, place_rows_numpy, place_rows_python
 from server.runtime import Runtime, RuntimeSettings
@@ -97,6 +97,27 @@ def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny
             if arrival == step:
                 jobs.append((engine.submit(source, options), source, options))
         engine.step()
+    run_until_done(engine, [job for job, _, _ in jobs])
+    for job, source, options in jobs:
+        assert_same(job, alone(tiny_model_dir, source, options))
+
+
+def test_engine_narrows_its_source_buffers_once_a_long_source_leaves_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
+    """Cross-attention runs over the bound source width: after a long source leaves, the StepCache and the
+    engine's pool narrow to the live sources (a busy engine would otherwise pay for it until it idles)."""
+    engine = Engine(runtime)
+    long_source = list(range(4, 64))
+    plan = [(0, long_source, SearchOptions(max_output_tokens=2)), (0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (4, SOURCES[2], GREEDY_LONG)]
+    jobs: list[tuple[Job, list[int], SearchOptions]] = []
+    widths = []
+    for step in range(6):
+        for arrival, source, options in plan:
+            if arrival == step:
+                jobs.append((engine.submit(source, options), source, options))
+        engine.step()
+        widths.append(engine._cache.capacity[2])
+    assert widths[0] == len(long_source) + 1 and jobs[0][0].done.is_set()  # + EOS; the long request left after 2 steps
+    assert widths[-1] == MIN_SOURCE_WIDTH and engine._src_mask.shape[1] < len(long_source)  # the pool narrowed at the later join
     run_until_done(engine, [job for job, _, _ in jobs])
     for job, source, options in jobs:
         assert_same(job, alone(tiny_model_dir, source, options))

@@ -116,6 +116,8 @@ def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
     assert np.array_equal(live[:, :1, :4], block[:, :1]) and not live[:, 1:].any()
     keys = step_cache.grown(np.array([7, 8]), (4,), fill=-1)
     assert keys.tolist() == [7, 8, -1, -1]
+    narrowed = step_cache.grown(block, (4, 3, 2))  # more rows, a narrower last axis: what fits is carried
+    assert np.array_equal(narrowed[:2], block[:, :, :2]) and not narrowed[2:].any()
 
 
 @pytest.mark.parametrize("small_copy_slots", [0, 1000])
