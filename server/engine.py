@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from export.step_cache import grown
 from model.padding import pad_sources
 from model.search import BeamSearch, GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
 from server.runtime import Runtime
@@ -561,37 +562,24 @@ class Engine:
         self.profile.encode_s += seconds
         if self.observer is not None:
             self.observer.encoded(seconds)
-        pool_width = max(width, self._src_mask.shape[1])
-        self._widen_pool(pool_width)
-        new_cross = [self._pad_src(layer, pool_width) for layer in cross]
-        new_mask = np.zeros((len(jobs), pool_width), dtype=bool)
-        new_mask[:, :width] = mask
-        # Reuse freed slots first; append the rest (one copy of the pool per join, not per step).
-        appended = []
+        self._reserve_pool(len(jobs) - len(self._free_slots), width)
+        # Written straight into free slots (no padded copy of the encoder output first); a slot's tail past
+        # this source is zeroed and masked, as the step cache reads the pool up to the call's longest source.
         for row, job in enumerate(jobs):
-            if self._free_slots:
-                job.slot = self._free_slots.pop()
-                for layer, values in zip(self._cross, new_cross, strict=True):
-                    layer[job.slot] = values[row]
-                self._src_mask[job.slot] = new_mask[row]
-            else:
-                job.slot = self._src_mask.shape[0] + len(appended)
-                appended.append(row)
-        if appended:
-            self._cross = [np.concatenate([layer, values[appended]]) for layer, values in zip(self._cross, new_cross, strict=True)]
-            self._src_mask = np.concatenate([self._src_mask, new_mask[appended]])
+            job.slot = self._free_slots.pop()
+            for layer, values in zip(self._cross, cross, strict=True):
+                layer[job.slot, :, :width] = values[row]
+                layer[job.slot, :, width:] = 0
+            self._src_mask[job.slot, :width] = mask[row]
+            self._src_mask[job.slot, width:] = False
 
-    def _widen_pool(self, width: int) -> None:
-        if width > self._src_mask.shape[1]:
-            self._cross = [self._pad_src(layer, width) for layer in self._cross]
-            padded = np.zeros((self._src_mask.shape[0], width), dtype=bool)
-            padded[:, : self._src_mask.shape[1]] = self._src_mask
-            self._src_mask = padded
-
-    @staticmethod
-    def _pad_src(layer: np.ndarray, width: int) -> np.ndarray:
-        if layer.shape[2] == width:
-            return layer
-        padded = np.zeros((*layer.shape[:2], width, layer.shape[3]), dtype=layer.dtype)
-        padded[:, :, : layer.shape[2]] = layer
-        return padded
+    def _reserve_pool(self, more: int, width: int) -> None:
+        """Room for `more` sources beyond the free slots (the slots double) of `width` tokens (the pool widens)."""
+        slots, pool_width = self._src_mask.shape
+        if more <= 0 and width <= pool_width:
+            return
+        new_slots = slots + max(more, slots) if more > 0 else slots
+        new_width = max(width, pool_width)
+        self._cross = [grown(layer, (new_slots, layer.shape[1], new_width, layer.shape[3])) for layer in self._cross]
+        self._src_mask = grown(self._src_mask, (new_slots, new_width))
+        self._free_slots.extend(range(new_slots - 1, slots - 1, -1))  # popped lowest first
