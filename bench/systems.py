@@ -18,6 +18,7 @@ from model.torch_step import TorchStep
 from server.engine import Engine, EngineLimits, StepProfile
 from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
+from server.scheduler import least_loaded
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class EngineSystem:
     def _run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         options = forced_options(cell)
         started = time.perf_counter()
-        jobs = [min(self.engines, key=lambda engine: engine.load).submit(source, options) for source in sources]
+        jobs = [self.engines[least_loaded(self.engines)].submit(source, options) for source in sources]
         if len(self.engines) == 1:
             drain(self.engine)
         else:

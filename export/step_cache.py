@@ -53,6 +53,18 @@ class Binding:
     candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
 
 
+def fitted_width(width_cap: int, needed: int) -> int:
+    """The width source buffers (and the engine's pool of encoded sources) should have for sources of at
+    most `needed` tokens: grown to fit, narrowed to `needed` (not below MIN_SOURCE_WIDTH) once that is at
+    most half of it (a long source has left, and cross-attention runs over the whole bound width), else
+    kept as it is."""
+    if needed > width_cap:
+        return needed
+    if width_cap > MIN_SOURCE_WIDTH and 2 * needed <= width_cap:
+        return max(needed, MIN_SOURCE_WIDTH)
+    return width_cap
+
+
 def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[int, ...] = ()) -> np.ndarray:
     """`array` in another `shape` (larger, or narrower on an axis whose tail is not needed), `fill`
     elsewhere (zeros, not empty memory: masked source slots are multiplied by 0, and 0 * NaN from
@@ -301,15 +313,13 @@ class StepCache:
         self._forget_bindings()  # new memory: bind again
 
     def _fit_sources(self, sources: int, width: int) -> None:
-        """Source buffers for `sources` places of `width` tokens: grown (places doubling) when too small, and
-        narrowed to `width` once it is at most half their width (a long source has left), so cross-attention
-        stops paying for it. Places keep their K/V: every live source fits in `width`."""
+        """Source buffers for `sources` places (doubling when too few) as wide as `fitted_width` says for the
+        call's longest source, `width`. Places keep their K/V: every live source fits in `width`."""
         source_cap, width_cap = self._src_mask.shape
-        narrow = width_cap > MIN_SOURCE_WIDTH and 2 * width <= width_cap
-        if sources <= source_cap and width <= width_cap and not narrow:
+        new_width = fitted_width(width_cap, width)
+        if sources <= source_cap and new_width == width_cap:
             return
         new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
-        new_width = max(width, MIN_SOURCE_WIDTH) if narrow else max(width, width_cap)
         self._cross = [grown(buffer, (new_sources, self.n_heads, new_width, self.head_dim)) for buffer in self._cross]
         self._src_mask = grown(self._src_mask, (new_sources, new_width))
         self._source_keys = grown(self._source_keys, (new_sources,), fill=-1)

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from export.step_cache import grown
+from export.step_cache import fitted_width, grown
 from model.padding import pad_sources
 from model.search import BeamSearch, GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
 from server.runtime import Runtime
@@ -543,12 +543,13 @@ class Engine:
     def _encode(self, jobs: list[Job]) -> None:
         """Encode in groups of similar length: an encoder call costs its padded size, so one long
         source would make every short one in its call pay for the long one's length."""
-        # The pool is as wide as its longest source; once that is at most half its width (a long request
-        # has left), it narrows to the longest live source, so joins stop padding and copying to the old width.
+        # The pool narrows as the step cache's buffers do (`fitted_width`) once a long request has left, so
+        # joins stop copying at the old width; it grows in `_reserve_pool`.
         longest = max(len(job.src_ids) for job in [*self.active, *jobs]) + 1  # + EOS
-        if self._src_mask.shape[1] >= 2 * longest:
-            self._cross = [np.ascontiguousarray(layer[:, :, :longest]) for layer in self._cross]
-            self._src_mask = np.ascontiguousarray(self._src_mask[:, :longest])
+        width = fitted_width(self._src_mask.shape[1], longest)
+        if width < self._src_mask.shape[1]:
+            self._cross = [np.ascontiguousarray(layer[:, :, :width]) for layer in self._cross]
+            self._src_mask = np.ascontiguousarray(self._src_mask[:, :width])
         for group in length_groups(jobs):
             self._encode_group(group)
 

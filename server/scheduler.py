@@ -48,6 +48,11 @@ class QueueLimits:
     max_tokens: int = 64 * 1024  # source tokens of waiting + running requests
 
 
+def least_loaded(engines: Sequence[Engine]) -> int:
+    """Where the next request goes: the engine with the fewest beam rows waiting or running (the first among equals)."""
+    return min(range(len(engines)), key=lambda index: engines[index].load)
+
+
 class Scheduler:
     """Submit from the event loop; ONNX Runtime runs in the engines' worker threads, never on the loop.
 
@@ -109,8 +114,8 @@ class Scheduler:
 
     def _submit(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None,
                 on_tokens: Callable[[Job, np.ndarray], None] | None, on_done: Callable[[Job], None]) -> tuple[Engine, Job]:  # fmt: skip
-        """To the least loaded engine (the first among equals), whose worker is then woken."""
-        index = min(range(len(self.engines)), key=lambda index: self.engines[index].load)
+        """To the least loaded engine, whose worker is then woken."""
+        index = least_loaded(self.engines)
         engine = self.engines[index]
         job = engine.submit(src_ids, options, deadline, on_tokens=on_tokens, on_done=on_done)
         self._wakes[index].set()
