@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from bench.engine_bench import format_table, time_cells
-from bench.open_loop import drive, poisson_arrivals, run_open_loop
+from bench.open_loop import Arrival, alone_latencies, drive, poisson_arrivals, run_open_loop, static_batch_end
 from bench.systems import Cell, EngineSystem, TorchSystem
+from model.search import SearchOptions
 
 SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
@@ -32,22 +33,50 @@ def test_bench_engine_system_with_two_engines_splits_the_batch(tiny_model_dir: P
     assert system.cell_profiles[cell].steps == sum(engine.profile.steps for engine in system.engines)
 
 
-@pytest.mark.parametrize("continuous", [True, False])
-def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous: bool) -> None:
+@pytest.mark.parametrize(("continuous", "padded"), [(True, False), (False, False), (False, True)])
+def test_open_loop_replay_serves_every_arrival(tiny_model_dir: Path, continuous: bool, padded: bool) -> None:
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
     arrivals = poisson_arrivals(SOURCES, rate_per_s=200.0, duration_s=0.1, seed=1)
-    run = drive(runtime, arrivals, continuous)
+    run = drive(runtime, arrivals, continuous, padded=padded)
     assert run.served == len(arrivals) > 3
-    assert run.tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)
+    assert run.tokens == sum(arrival.options.max_output_tokens for arrival in arrivals)  # padding is not counted
 
 
-def test_open_loop_table_compares_both_modes_at_each_load(tiny_model_dir: Path) -> None:
+def test_open_loop_padded_static_batch_answers_together_after_its_longest(tiny_model_dir: Path) -> None:
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
-    table = run_open_loop(runtime, SOURCES, duration_s=0.2, loads=(0.5,), row_caps=(4,))
-    rows = [line for line in table.splitlines() if line.startswith("| 50% |")]
-    assert [row.split("|")[3].strip() for row in rows] == ["continuous, max 4 rows", "continuous, max 256 rows",
-                                                           "continuous, max 256 rows, joins grouped (4 steps)", "static, max 256 rows"]  # fmt: skip
-    assert [row.split("|")[8].strip().endswith("x") for row in rows] == [True, True, True, False]  # continuous modes carry the p99 ratio
+    short, long = (SearchOptions(min_output_tokens=n, max_output_tokens=n) for n in (2, 40))
+    arrivals = [Arrival(0.0, SOURCES[0], short), Arrival(0.0, SOURCES[1], long)]  # one batch
+    rows_left = drive(runtime, arrivals, continuous=False)
+    padded = drive(runtime, arrivals, continuous=False, padded=True)
+    assert padded.tokens == rows_left.tokens == 42
+    # Padded, the short request is answered with the long one (both arrived at 0): one latency, the batch's.
+    assert padded.p50_s == padded.p99_s == padded.p99_short_s
+
+
+def test_static_batches_take_the_arrived_requests_up_to_the_row_cap() -> None:
+    beam4, greedy = SearchOptions(beam_size=4), SearchOptions()
+    arrivals = [Arrival(0.0, [5], beam4), Arrival(0.1, [5], beam4), Arrival(0.2, [5], greedy), Arrival(5.0, [5], greedy)]
+    assert static_batch_end(arrivals, 0, now_s=1.0, max_rows=8) == 2  # 4 + 4 rows; the third would make 9
+    assert static_batch_end(arrivals, 2, now_s=1.0, max_rows=8) == 3  # the fourth has not arrived
+    assert static_batch_end(arrivals, 0, now_s=1.0, max_rows=2) == 1  # a first request always fits
+    assert static_batch_end(arrivals, 3, now_s=1.0, max_rows=8) == 3  # nothing arrived: an empty batch
+
+
+def test_open_loop_alone_latencies_time_each_request_by_itself(tiny_model_dir: Path) -> None:
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    arrivals = poisson_arrivals(SOURCES, rate_per_s=200.0, duration_s=0.2, seed=2)
+    latencies = alone_latencies(runtime, arrivals, count=5)
+    assert len(latencies) == 5 and min(latencies) > 0
+
+
+def test_open_loop_table_compares_every_mode_at_each_load(tiny_model_dir: Path) -> None:
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    table = run_open_loop(runtime, SOURCES, duration_s=0.2, loads=(0.5,), row_caps=(4,), alone_count=3)
+    rows = [[cell.strip() for cell in line.split("|")] for line in table.splitlines() if line.startswith("| 50% |")]
+    assert [row[3] for row in rows] == ["continuous, max 4 rows", "continuous, max 256 rows", "continuous, max 256 rows, joins grouped (4 steps)",
+                                        "static, max 256 rows", "padded static, max 256 rows", "each request alone (the floor)"]  # fmt: skip
+    # p99 against static and against padded static: every row but the base's own carries the ratio.
+    assert [(row[8].endswith("x"), row[9].endswith("x")) for row in rows] == [(True, True)] * 3 + [(False, True), (True, False), (True, True)]
 
 
 def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:
