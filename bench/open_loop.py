@@ -96,7 +96,7 @@ def drive(runtime: Runtime, arrivals: list[Arrival], continuous: bool, max_rows:
         else:
             end = index
         batch = arrivals[index:end]
-        longest = max((arrival.options.max_output_tokens for arrival in batch), default=0)
+        longest = max((arrival.options.max_output_tokens or 0 for arrival in batch), default=0)  # padded: lengths are forced
         for arrival in batch:
             options = replace(arrival.options, min_output_tokens=longest, max_output_tokens=longest) if padded else arrival.options
             submitted.append((engine.submit(arrival.source, options), arrival, batches))
@@ -116,9 +116,10 @@ def drive(runtime: Runtime, arrivals: list[Arrival], continuous: bool, max_rows:
     for job, arrival, batch_number in submitted:
         latency = answered[batch_number if padded else job.job_id] - started - arrival.at_s
         latencies.append(latency)
-        if arrival.options.max_output_tokens <= SHORT_TOKENS:
+        output = min(len(job.hypotheses[0].token_ids), arrival.options.max_output_tokens or 1 << 30)  # padding is not output
+        if output <= SHORT_TOKENS:
             short.append(latency)
-        tokens += min(len(job.hypotheses[0].token_ids), arrival.options.max_output_tokens)  # padding is not output
+        tokens += output
     return Run(len(latencies), tokens, len(latencies) / elapsed, tokens / elapsed, statistics.median(latencies),
                percentile(latencies, 0.99), percentile(short, 0.99), engine.profile.total_s / elapsed)  # fmt: skip
 
