@@ -30,6 +30,7 @@ from model.search import SearchOptions
 from server.engine import Engine, EngineLimits, Job
 from server.runtime import Runtime
 from server.settings import ServerSettings
+from server.workers import plan_workers
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ UNCAPPED_ROWS = 256
 ROW_CAPS = (32,)
 ALONE_COUNT = 200  # requests of the mix timed alone for the floor row
 SERVER_JOINS = (ServerSettings().join_wait_steps, ServerSettings().join_group)  # the server's default join policy
-SERVER_ROWS = ServerSettings().max_rows  # and its rows per engine
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,7 @@ def run_open_loop(runtime: Runtime, sources: Sequence[list[int]], duration_s: fl
     """Markdown table: continuous batching (capped, uncapped, joins grouped) against static batching (rows leaving when
     done, and padded) at several offered rates, all replaying the same arrivals; and each request alone, the floor."""
     capacity = static_capacity(runtime, sources)
+    served_rows = plan_workers(0, 0, runtime.provider == "CUDAExecutionProvider", cores=1).max_rows  # the server's rows per engine here
     alone = alone_latencies(runtime, poisson_arrivals(sources, capacity, duration_s), alone_count)
     alone_p50, alone_p99 = statistics.median(alone), percentile(alone, 0.99)
     lines = [
@@ -203,8 +204,8 @@ def run_open_loop(runtime: Runtime, sources: Sequence[list[int]], duration_s: fl
         static, padded = drive(runtime, arrivals, False), drive(runtime, arrivals, False, padded=True)
         modes = [(f"continuous, max {cap} rows", drive(runtime, arrivals, True, cap)) for cap in row_caps]
         modes += [(f"continuous, max {UNCAPPED_ROWS} rows", drive(runtime, arrivals, True)),
-                  (f"continuous as served: max {SERVER_ROWS} rows, joins grouped ({SERVER_JOINS[0]} steps)",
-                   drive(runtime, arrivals, True, SERVER_ROWS, SERVER_JOINS)),
+                  (f"continuous as served: max {served_rows} rows, joins grouped ({SERVER_JOINS[0]} steps)",
+                   drive(runtime, arrivals, True, served_rows, SERVER_JOINS)),
                   (f"static, max {UNCAPPED_ROWS} rows", static), (f"padded static, max {UNCAPPED_ROWS} rows", padded)]  # fmt: skip
         prefix = f"| {load:.0%} | {len(arrivals) / duration_s:.1f} |"
         for name, run in modes:

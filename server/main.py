@@ -43,15 +43,16 @@ class Server:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         providers = tuple(p for p in settings.providers.split(",") if p) or tuple(available_providers())
-        plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores())
+        plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores(), settings.max_rows)
         self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=plan.threads,
-                                                                       warmup_rows=min(settings.max_rows, 64)))  # fmt: skip
+                                                                       warmup_rows=min(plan.max_rows, 64)))  # fmt: skip
         self.metrics = Metrics()
-        limits = EngineLimits(max_rows=settings.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
+        limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                               join_group=settings.join_group)  # fmt: skip
         # The engines share the runtime's sessions (ONNX Runtime runs calls from several threads); each has its own caches.
         engines = [Engine(self.runtime, limits, self.metrics) for _ in range(plan.engines)]
-        logger.info("%d engine(s), %s ONNX Runtime thread(s) per session", plan.engines, plan.threads or "default")
+        logger.info("%d engine(s) of up to %d rows per step, %s ONNX Runtime thread(s) per session", plan.engines, plan.max_rows,
+                    plan.threads or "default")  # fmt: skip
         queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
         self.scheduler = Scheduler(engines, queue_limits, self.metrics)
         manifest = self.runtime.manifest

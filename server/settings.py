@@ -29,7 +29,7 @@ class ServerSettings:
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
-    max_rows: int = 128  # rows (beams included) in one decoder call, per engine
+    max_rows: int = 0  # rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU (server/workers.py)
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V, per engine
     # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
     # steps (0 = every step). Open loop, int8, one core (bench/results/join_policy.md): p99 0.273 -> 0.253 s
@@ -50,10 +50,10 @@ class ServerSettings:
     def validate(self) -> None:
         problems = []
         for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_message_bytes", "max_queued_requests",
-                     "max_queued_tokens", "max_rows", "max_cache_tokens", "join_group"):  # fmt: skip
+                     "max_queued_tokens", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("join_wait_steps", "engines", "threads"):
+        for name in ("max_rows", "join_wait_steps", "engines", "threads"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:

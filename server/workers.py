@@ -1,4 +1,4 @@
-"""How many engines (each a worker thread stepping its own batch) and ONNX Runtime threads per session to run.
+"""How many engines (each a worker thread stepping its own batch), ONNX Runtime threads per session and rows per step to run.
 
 On a CPU the engines are replicas sharing one pair of sessions: a decoder step's cost grows about
 linearly with its rows past a few (default int8 model, one thread: 0.5 ms at 1 row, 1.0 ms at 10,
@@ -23,12 +23,21 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 MAX_AUTO_ENGINES = 4
+# Rows per decoder call of each engine, when not given. On a CPU a step costs about the same per row
+# past 16-32 rows, so a larger batch buys no throughput (bursts of 300 requests, int8, one thread: 32
+# against 128 rows 1.03x beam 4, 0.99x greedy); it only makes every request in it wait longer per step.
+# Capped, newcomers queue first come, first served, and the tail under heavy load shrinks (open loop at
+# ~90% of capacity, 60 s x 3 seeds: p99 0.202 s against 0.307 s; docs/engine-history.md, session 12).
+# A GPU step costs about the same at 1 and 128 rows: there the larger batch is throughput.
+CPU_AUTO_ROWS = 32
+GPU_AUTO_ROWS = 128
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
     engines: int
     threads: int  # intra-op threads of each session; 0 = ONNX Runtime's default (GPU)
+    max_rows: int  # rows (beams included) in one decoder call of each engine
 
 
 def available_cores() -> int:
@@ -39,18 +48,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def plan_workers(engines: int, threads: int, on_gpu: bool, cores: int) -> WorkerPlan:
-    """engines / threads as configured, 0 = chosen: on a CPU one engine per core (up to MAX_AUTO_ENGINES)
-    with the cores shared out as threads, or the cores shared out around the one given; on a GPU one engine."""
+def plan_workers(engines: int, threads: int, on_gpu: bool, cores: int, max_rows: int = 0) -> WorkerPlan:
+    """engines / threads / max_rows as configured, 0 = chosen: on a CPU one engine per core (up to
+    MAX_AUTO_ENGINES) with the cores shared out as threads, or the cores shared out around the one given,
+    and CPU_AUTO_ROWS rows per call; on a GPU one engine of GPU_AUTO_ROWS rows."""
     if on_gpu:
-        return WorkerPlan(engines or 1, threads)
+        return WorkerPlan(engines or 1, threads, max_rows or GPU_AUTO_ROWS)
+    max_rows = max_rows or CPU_AUTO_ROWS
     if engines and threads:
         if engines * threads > cores:
             logger.warning("%d engines x %d threads is more than the %d cores available: they will time-share", engines, threads, cores)
-        return WorkerPlan(engines, threads)
+        return WorkerPlan(engines, threads, max_rows)
     if engines:
-        return WorkerPlan(engines, max(1, cores // engines))
+        return WorkerPlan(engines, max(1, cores // engines), max_rows)
     if threads:
-        return WorkerPlan(max(1, min(MAX_AUTO_ENGINES, cores // threads)), threads)
+        return WorkerPlan(max(1, min(MAX_AUTO_ENGINES, cores // threads)), threads, max_rows)
     engines = max(1, min(MAX_AUTO_ENGINES, cores))
-    return WorkerPlan(engines, max(1, cores // engines))
+    return WorkerPlan(engines, max(1, cores // engines), max_rows)

@@ -73,7 +73,7 @@ def test_open_loop_table_compares_every_mode_at_each_load(tiny_model_dir: Path) 
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
     table = run_open_loop(runtime, SOURCES, duration_s=0.2, loads=(0.5,), row_caps=(4,), alone_count=3)
     rows = [[cell.strip() for cell in line.split("|")] for line in table.splitlines() if line.startswith("| 50% |")]
-    assert [row[3] for row in rows] == ["continuous, max 4 rows", "continuous, max 256 rows", "continuous as served: max 128 rows, joins grouped (4 steps)",
+    assert [row[3] for row in rows] == ["continuous, max 4 rows", "continuous, max 256 rows", "continuous as served: max 32 rows, joins grouped (4 steps)",
                                         "static, max 256 rows", "padded static, max 256 rows", "each request alone (the floor)"]  # fmt: skip
     # p99 against static and against padded static: every row but the base's own carries the ratio.
     assert [(row[8].endswith("x"), row[9].endswith("x")) for row in rows] == [(True, True)] * 3 + [(False, True), (True, False), (True, True)]
