@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
     parser.add_argument("--open-loop-seconds", type=float, default=30.0, help="per batching mode; 0 skips the open-loop run")
     parser.add_argument("--open-loop-row-caps", default="32", help="comma-separated row caps of the capped continuous modes")
+    parser.add_argument("--open-loop-repeats", type=int, default=3, help="rounds of the open loop, each with its own arrivals (medians)")
     parser.add_argument("--metrics-cost-repeats", type=int, default=7, help="repeats of the metrics-cost table; 0 skips it")
     parser.add_argument("--out", type=Path, default=Path("bench/results/engine.md"))
     return parser
@@ -168,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 engines = [s for s in systems if isinstance(s, EngineSystem)]
                 engine_system = next((s for s in engines if s.name.endswith("int8")), engines[0])
                 caps = tuple(int(cap) for cap in args.open_loop_row_caps.split(",") if cap)
-                sections.append(f"Open-loop engine: {engine_system.name}.\n\n" + run_open_loop(engine_system.runtime, sources, args.open_loop_seconds, row_caps=caps))
+                sections.append(f"Open-loop engine: {engine_system.name}.\n\n" + run_open_loop(engine_system.runtime, sources, args.open_loop_seconds, row_caps=caps,
+                                                                                            repeats=args.open_loop_repeats))
             if model == "default" and args.metrics_cost_repeats > 0:
                 sections.append(metrics_cost(model_dirs["int8"], sources, args.threads, args.metrics_cost_repeats, args.length))
     write_report("Engine benchmark", "nmt-bench", argv, sections, args.out)

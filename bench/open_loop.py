@@ -25,6 +25,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from model.search import SearchOptions
 from server.engine import Engine, EngineLimits, Job
@@ -173,20 +174,45 @@ def static_capacity(runtime: Runtime, sources: Sequence[list[int]], requests: in
     return drive(runtime, burst, continuous=False).requests_per_s
 
 
+def median_run(runs: Sequence[Run]) -> Run:
+    """Each field's median over repeated runs of one mode."""
+    return Run(*(statistics.median(getattr(run, name) for run in runs) for name in Run.__dataclass_fields__))
+
+
+def replay_modes(runtime: Runtime, sources: Sequence[list[int]], rate: float, duration_s: float, modes: dict[str, dict[str, Any]],
+                 repeats: int) -> dict[str, Run]:  # fmt: skip
+    """Median run of every mode over `repeats` rounds; each round draws its own arrivals (seed = round) and
+    replays them through every mode, in an order rotated per round so a drift of the machine hits all alike."""
+    runs: dict[str, list[Run]] = {name: [] for name in modes}
+    for round_number in range(repeats):
+        arrivals = poisson_arrivals(sources, rate, duration_s, seed=round_number)
+        names = list(modes)
+        for name in names[round_number % len(names) :] + names[: round_number % len(names)]:
+            runs[name].append(drive(runtime, arrivals, **modes[name]))
+    return {name: median_run(mode_runs) for name, mode_runs in runs.items()}
+
+
 def run_open_loop(runtime: Runtime, sources: Sequence[list[int]], duration_s: float, loads: Sequence[float] = LOADS,
-                  row_caps: Sequence[int] = ROW_CAPS, alone_count: int = ALONE_COUNT) -> str:  # fmt: skip
-    """Markdown table: continuous batching (capped, uncapped, joins grouped) against static batching (rows leaving when
+                  row_caps: Sequence[int] = ROW_CAPS, alone_count: int = ALONE_COUNT, repeats: int = 1) -> str:  # fmt: skip
+    """Markdown table: continuous batching (capped, uncapped, as served) against static batching (rows leaving when
     done, and padded) at several offered rates, all replaying the same arrivals; and each request alone, the floor."""
     capacity = static_capacity(runtime, sources)
     served_rows = plan_workers(0, 0, runtime.provider == "CUDAExecutionProvider", cores=1).max_rows  # the server's rows per engine here
     alone = alone_latencies(runtime, poisson_arrivals(sources, capacity, duration_s), alone_count)
     alone_p50, alone_p99 = statistics.median(alone), percentile(alone, 0.99)
+    static_name, padded_name = f"static, max {UNCAPPED_ROWS} rows", f"padded static, max {UNCAPPED_ROWS} rows"
+    modes: dict[str, dict[str, Any]] = {f"continuous, max {cap} rows": {"continuous": True, "max_rows": cap} for cap in row_caps}
+    modes[f"continuous, max {UNCAPPED_ROWS} rows"] = {"continuous": True}
+    modes[f"continuous as served: max {served_rows} rows, joins grouped ({SERVER_JOINS[0]} steps)"] = {
+        "continuous": True, "max_rows": served_rows, "joins": SERVER_JOINS}
+    modes[static_name], modes[padded_name] = {"continuous": False}, {"continuous": False, "padded": True}
     lines = [
         f"### Open loop: Poisson arrivals for {duration_s:.0f} s per run, output 4..48 tokens (forced), 1 in 4 requests beam 4",
         "",
         f"Static-batching capacity on this mix (all requests queued at once, batches of up to {UNCAPPED_ROWS} rows): "
-        f"{capacity:.1f} requests/s. Each offered load replays the same arrivals through every mode. Arrivals "
-        "one by one make smaller batches than that burst, so an offered share of it can already keep the "
+        f"{capacity:.1f} requests/s. Each offered load replays the same arrivals through every mode"
+        + (f"; {repeats} rounds, each with its own arrivals and the modes in a rotated order, medians of each column. " if repeats > 1 else ". ")
+        + "Arrivals one by one make smaller batches than that burst, so an offered share of it can already keep the "
         "engine busy most of the time: the busy column is the engine's step time over the wall time. "
         "A mode whose achieved rate falls below the offered rate was over its capacity, and its latencies "
         "grow with the run length. Static: a batch runs to completion before the next starts, each row leaving "
@@ -200,19 +226,14 @@ def run_open_loop(runtime: Runtime, sources: Sequence[list[int]], duration_s: fl
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for load in loads:
-        arrivals = poisson_arrivals(sources, load * capacity, duration_s)
-        static, padded = drive(runtime, arrivals, False), drive(runtime, arrivals, False, padded=True)
-        modes = [(f"continuous, max {cap} rows", drive(runtime, arrivals, True, cap)) for cap in row_caps]
-        modes += [(f"continuous, max {UNCAPPED_ROWS} rows", drive(runtime, arrivals, True)),
-                  (f"continuous as served: max {served_rows} rows, joins grouped ({SERVER_JOINS[0]} steps)",
-                   drive(runtime, arrivals, True, served_rows, SERVER_JOINS)),
-                  (f"static, max {UNCAPPED_ROWS} rows", static), (f"padded static, max {UNCAPPED_ROWS} rows", padded)]  # fmt: skip
-        prefix = f"| {load:.0%} | {len(arrivals) / duration_s:.1f} |"
-        for name, run in modes:
-            ratios = " | ".join("" if run is base else f"{run.p99_s / base.p99_s:.2f}x" for base in (static, padded))
+        results = replay_modes(runtime, sources, load * capacity, duration_s, modes, repeats)
+        bases = (results[static_name], results[padded_name])
+        prefix = f"| {load:.0%} | {load * capacity:.1f} |"
+        for name, run in results.items():
+            ratios = " | ".join("" if run is base else f"{run.p99_s / base.p99_s:.2f}x" for base in bases)
             lines.append(f"{prefix} {name} | {run.requests_per_s:.1f} | {run.busy_share:.0%} | {run.p50_s:.3f} | {run.p99_s:.3f} "
                          f"| {ratios} | {run.p99_short_s:.3f} |")  # fmt: skip
-        lines.append(f"{prefix} each request alone (the floor) | | | {alone_p50:.3f} | {alone_p99:.3f} "
-                     f"| {alone_p99 / static.p99_s:.2f}x | {alone_p99 / padded.p99_s:.2f}x | |")  # fmt: skip
+        floor = " | ".join(f"{alone_p99 / base.p99_s:.2f}x" for base in bases)
+        lines.append(f"{prefix} each request alone (the floor) | | | {alone_p50:.3f} | {alone_p99:.3f} | {floor} | |")
         logger.info("open loop at %.0f%% of static capacity done", 100 * load)
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.engine_bench import format_table, time_cells
-from bench.open_loop import Arrival, alone_latencies, drive, poisson_arrivals, run_open_loop, static_batch_end
+from bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
 from bench.systems import Cell, EngineSystem, TorchSystem
 from model.search import SearchOptions
 
@@ -71,12 +71,17 @@ def test_open_loop_alone_latencies_time_each_request_by_itself(tiny_model_dir: P
 
 def test_open_loop_table_compares_every_mode_at_each_load(tiny_model_dir: Path) -> None:
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
-    table = run_open_loop(runtime, SOURCES, duration_s=0.2, loads=(0.5,), row_caps=(4,), alone_count=3)
+    table = run_open_loop(runtime, SOURCES, duration_s=0.1, loads=(0.5,), row_caps=(4,), alone_count=3, repeats=2)
     rows = [[cell.strip() for cell in line.split("|")] for line in table.splitlines() if line.startswith("| 50% |")]
     assert [row[3] for row in rows] == ["continuous, max 4 rows", "continuous, max 256 rows", "continuous as served: max 32 rows, joins grouped (4 steps)",
                                         "static, max 256 rows", "padded static, max 256 rows", "each request alone (the floor)"]  # fmt: skip
     # p99 against static and against padded static: every row but the base's own carries the ratio.
     assert [(row[8].endswith("x"), row[9].endswith("x")) for row in rows] == [(True, True)] * 3 + [(False, True), (True, False), (True, True)]
+
+
+def test_open_loop_median_run_takes_each_field_median() -> None:
+    runs = [Run(10, 100, 5.0, 50.0, 0.1, 0.9, 0.3, 0.5), Run(12, 90, 4.0, 60.0, 0.3, 0.2, 0.1, 0.7), Run(11, 95, 6.0, 40.0, 0.2, 0.4, 0.2, 0.6)]
+    assert median_run(runs) == Run(11, 95, 5.0, 50.0, 0.2, 0.4, 0.2, 0.6)
 
 
 def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:
