@@ -90,6 +90,8 @@ def drive(runtime: Runtime, arrivals: list[Arrival], continuous: bool, max_rows:
     leaves the batch when its request is done. Padded static: every row of a batch runs to the batch's
     longest output and the batch answers together, as a batched generate call does (a server that batches
     whole requests, such as a Triton dynamic batcher in front of a generate loop)."""
+    if padded and any(arrival.options.max_output_tokens is None for arrival in arrivals):
+        raise ValueError("padded static batching needs every arrival's output length forced (max_output_tokens)")
     join_wait_steps, join_group = joins
     engine = Engine(runtime, EngineLimits(max_rows=max_rows, max_cache_tokens=1 << 22, join_wait_steps=join_wait_steps, join_group=join_group))
     started = time.perf_counter()

@@ -28,7 +28,8 @@ MAX_AUTO_ENGINES = 4
 # against 128 rows 1.03x beam 4, 0.99x greedy); it only makes every request in it wait longer per step.
 # Capped, newcomers queue first come, first served, and the tail under heavy load shrinks (open loop at
 # ~90% of capacity, 60 s x 3 seeds: p99 0.202 s against 0.307 s; docs/engine-history.md, session 12).
-# A GPU step costs about the same at 1 and 128 rows: there the larger batch is throughput.
+# A GPU step's cost grows far more slowly with its rows, so there the larger batch stays (not measured
+# here: no session has had a GPU).
 CPU_AUTO_ROWS = 32
 GPU_AUTO_ROWS = 128
 

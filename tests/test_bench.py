@@ -53,6 +53,12 @@ def test_open_loop_padded_static_batch_answers_together_after_its_longest(tiny_m
     assert padded.p50_s == padded.p99_s == padded.p99_short_s
 
 
+def test_open_loop_padded_static_refuses_natural_lengths(tiny_model_dir: Path) -> None:
+    runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
+    with pytest.raises(ValueError, match="max_output_tokens"):
+        drive(runtime, [Arrival(0.0, SOURCES[0], SearchOptions())], continuous=False, padded=True)
+
+
 def test_static_batches_take_the_arrived_requests_up_to_the_row_cap() -> None:
     beam4, greedy = SearchOptions(beam_size=4), SearchOptions()
     arrivals = [Arrival(0.0, [5], beam4), Arrival(0.1, [5], beam4), Arrival(0.2, [5], greedy), Arrival(5.0, [5], greedy)]
