@@ -163,8 +163,7 @@ def alone_latencies(runtime: Runtime, arrivals: Sequence[Arrival], count: int) -
     for arrival in chosen:
         started = time.perf_counter()
         job = engine.submit(arrival.source, arrival.options)
-        while engine.has_work:
-            engine.step()
+        engine.run_until_idle()
         latencies.append(job.finished_at - started)
     return latencies
 

@@ -82,9 +82,9 @@ class EngineSystem:
         started = time.perf_counter()
         jobs = [self.engines[least_loaded(self.engines)].submit(source, options) for source in sources]
         if len(self.engines) == 1:
-            drain(self.engine)
+            self.engine.run_until_idle()
         else:
-            workers = [threading.Thread(target=drain, args=(engine,)) for engine in self.engines]
+            workers = [threading.Thread(target=engine.run_until_idle) for engine in self.engines]
             for worker in workers:
                 worker.start()
             for worker in workers:
@@ -95,11 +95,6 @@ class EngineSystem:
                                           len(job.hypotheses[0].token_ids))  # fmt: skip
                 self.metrics.answered("Translate", "OK", time.perf_counter() - started)
         return sum(len(job.hypotheses[0].token_ids) for job in jobs)
-
-
-def drain(engine: Engine) -> None:
-    while engine.has_work:
-        engine.step()
 
 
 class CTranslate2System:

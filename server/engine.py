@@ -246,6 +246,12 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.active or self._pending)
 
+    def run_until_idle(self) -> None:
+        """Step until nothing waits or runs: for a caller that owns the engine outright (benchmarks, tests);
+        the server's workers step it from server/scheduler.py instead."""
+        while self.has_work:
+            self.step()
+
     # ------------------------------------------------------------ the step
 
     def step(self) -> None:

@@ -55,14 +55,14 @@ def plan_workers(engines: int, threads: int, on_gpu: bool, cores: int, max_rows:
     and CPU_AUTO_ROWS rows per call; on a GPU one engine of GPU_AUTO_ROWS rows."""
     if on_gpu:
         return WorkerPlan(engines or 1, threads, max_rows or GPU_AUTO_ROWS)
-    max_rows = max_rows or CPU_AUTO_ROWS
     if engines and threads:
         if engines * threads > cores:
             logger.warning("%d engines x %d threads is more than the %d cores available: they will time-share", engines, threads, cores)
-        return WorkerPlan(engines, threads, max_rows)
-    if engines:
-        return WorkerPlan(engines, max(1, cores // engines), max_rows)
-    if threads:
-        return WorkerPlan(max(1, min(MAX_AUTO_ENGINES, cores // threads)), threads, max_rows)
-    engines = max(1, min(MAX_AUTO_ENGINES, cores))
-    return WorkerPlan(engines, max(1, cores // engines), max_rows)
+    elif engines:
+        threads = max(1, cores // engines)
+    elif threads:
+        engines = max(1, min(MAX_AUTO_ENGINES, cores // threads))
+    else:
+        engines = max(1, min(MAX_AUTO_ENGINES, cores))
+        threads = max(1, cores // engines)
+    return WorkerPlan(engines, threads, max_rows or CPU_AUTO_ROWS)

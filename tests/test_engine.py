@@ -42,6 +42,13 @@ def run_until_done(engine: Engine, jobs: list[Job], max_steps: int = 200) -> Non
     raise AssertionError("engine did not finish")
 
 
+def test_engine_run_until_idle_finishes_every_request(runtime: Runtime) -> None:
+    engine = Engine(runtime)
+    jobs = [engine.submit(source, GREEDY_SHORT) for source in SOURCES[:3]]
+    engine.run_until_idle()
+    assert not engine.has_work and [job.outcome for job in jobs] == [Outcome.OK] * 3
+
+
 def assert_same(job: Job, expected: list[Hypothesis]) -> None:
     assert job.outcome is Outcome.OK
     assert [h.token_ids for h in job.hypotheses] == [h.token_ids for h in expected]

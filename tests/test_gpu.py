@@ -24,8 +24,7 @@ SOURCES = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 def run(runtime: Runtime, options: SearchOptions) -> list[tuple[int, ...]]:
     engine = Engine(runtime)
     jobs = [engine.submit(source, options) for source in SOURCES]
-    while engine.has_work:
-        engine.step()
+    engine.run_until_idle()
     return [job.hypotheses[0].token_ids for job in jobs]
 
 
