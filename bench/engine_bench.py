@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.matmul_ceiling import MatmulCeiling
 from bench.open_loop import run_open_loop
 from bench.random_model import build_random_checkpoint
 from bench.report import write_report
@@ -37,6 +38,8 @@ def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, thr
             systems.append(CTranslate2System(ct2_dir, tokens, threads, label, workers))
     for label, model_dir in model_dirs.items():
         systems.append(EngineSystem(model_dir, threads, label, engines=workers))
+    if workers == 1:  # the ceiling is per engine; with several workers the memory system is shared and it would not bound
+        systems += [MatmulCeiling(model_dir, threads, label) for label, model_dir in model_dirs.items()]
     return systems
 
 
@@ -75,6 +78,32 @@ def format_table(title: str, systems: list[System], cells: list[Cell], results: 
                 value += f" ({medians[name] / medians['ctranslate2 int8']:.2f}x)"
             row.append(value)
         lines.append(f"| {cell.batch} | {cell.beam} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+TARGETS = {"fp32": 1.5, "int8": 1.3}  # issue 4: ours fp32 against the best fp32 peer, ours int8 against CTranslate2 int8
+
+
+def format_ceilings(systems: list[System], cells: list[Cell], results: dict[tuple[Cell, str], list[float]]) -> str:
+    """Per cell and precision: the MatMuls-alone ceiling (bench/matmul_ceiling.py) against ours and against the target."""
+    medians = {key: statistics.median(values) for key, values in results.items()}
+    names = [system.name for system in systems]
+    fp32_peers = [name for name in names if not name.startswith("nmt-serve") and "int8" not in name]
+    precisions = [label for label in TARGETS if f"nmt-serve {label} MatMuls alone" in names]
+    lines = ["Ceilings: the decoder's weight MatMuls alone, one ONNX Runtime call per step at the step's rows, interleaved with the"
+             " systems above (medians of the same repeats). Nothing else of a step is in them (attention, layer norms, log-softmax,"
+             " the encoder, the engine's host work), so no engine over these kernels and weights can pass them; a ceiling / target"
+             " below 1.00x means the target cannot be reached with them.", "",
+             "| batch | beam | rows per step | " + " | ".join(f"{p} MatMuls alone | ours {p} | {p} target | {p} ceiling / target" for p in precisions) + " |",
+             "|---|---|---|" + "---|---|---|---|" * len(precisions)]  # fmt: skip
+    for cell in cells:
+        row = [str(cell.batch), str(cell.beam), str(cell.batch * cell.beam)]
+        for precision in precisions:
+            peers = [medians[(cell, name)] for name in fp32_peers] if precision == "fp32" else [medians.get((cell, "ctranslate2 int8"), 0.0)]
+            target = TARGETS[precision] * max(peers, default=0.0)
+            ceiling, ours = medians[(cell, f"nmt-serve {precision} MatMuls alone")], medians[(cell, f"nmt-serve {precision}")]
+            row += [f"{ceiling:.0f}", f"{ours:.0f}", f"{target:.0f}" if target else "n/a", f"{ceiling / target:.2f}x" if target else "n/a"]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -162,7 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources = sample_sources(test, max(32, *(c.batch for c in cells)), vocab, checkpoint)  # 32: the metrics-cost cells
             results = time_cells(systems, sources, cells, args.repeats)
             parallel = f", {args.workers} workers x" if args.workers > 1 else ","
-            sections.append(format_table(f"{model} model, output length {args.length}{parallel} {args.threads} threads", systems, cells, results))
+            translators = [s for s in systems if not isinstance(s, MatmulCeiling)]
+            sections.append(format_table(f"{model} model, output length {args.length}{parallel} {args.threads} threads", translators, cells, results))
+            if len(translators) < len(systems):
+                sections.append(format_ceilings(systems, cells, results))
             sections.append(format_profiles(model, [s for s in systems if isinstance(s, EngineSystem)]))
             if model == "default" and args.open_loop_seconds > 0:
                 # The served default precision (server/settings.py) when it is among the systems.
