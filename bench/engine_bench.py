@@ -19,7 +19,7 @@ from bench.report import write_report
 from bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
 from model.checkpoint import load_checkpoint
 from model.corpus import read_tsv
-from server.engine import StepProfile
+from server.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 

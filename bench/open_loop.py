@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from model.search import SearchOptions
-from server.engine import Engine, EngineLimits, Job
+from server.engine import Engine
+from server.jobs import EngineLimits, Job
 from server.runtime import Runtime
 from server.settings import ServerSettings
 from server.workers import plan_workers

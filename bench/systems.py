@@ -15,7 +15,8 @@ import torch
 from model.checkpoint import load_checkpoint
 from model.search import SearchOptions, generate
 from model.torch_step import TorchStep
-from server.engine import Engine, EngineLimits, StepProfile
+from server.engine import Engine
+from server.jobs import EngineLimits, StepProfile
 from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import least_loaded

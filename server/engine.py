@@ -10,21 +10,21 @@ Each request's tokens are the ones it gets alone; only the batch it shares a ste
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from export.step_cache import fitted_width, grown
 from model.padding import pad_sources
-from model.search import BeamSearch, GreedySearch, Hypothesis, Searcher, SearchOptions, advance_greedy, make_searcher
+from model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
+from server.jobs import EngineLimits, Job, Outcome, StepProfile
+from server.row_placement import place_rows, split_rows
 from server.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -48,14 +48,6 @@ class EngineObserver(Protocol):
     def engine_failed(self) -> None: ...
 
 
-class Outcome(enum.Enum):
-    OK = "ok"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-    FAILED = "failed"
-    OUT_OF_MEMORY = "out of memory"
-
-
 # How allocation failures read: numpy's MemoryError, ONNX Runtime's arena ("Failed to allocate memory for
 # requested buffer"), CUDA ("out of memory", cudaErrorMemoryAllocation), cuBLAS/cuDNN (..._ALLOC_FAILED), C++ bad_alloc.
 _OUT_OF_MEMORY_MARKERS = ("out of memory", "failed to allocate", "alloc_failed", "cudaerrormemoryallocation", "bad_alloc")
@@ -67,116 +59,6 @@ OUT_OF_MEMORY_MESSAGE = "the device running the model is out of memory; retry la
 
 def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or any(marker in str(error).lower() for marker in _OUT_OF_MEMORY_MARKERS)
-
-
-@dataclass
-class Job:
-    """One request inside the engine. `done` is set once `outcome` (and `hypotheses` or `error`) is final."""
-
-    job_id: int
-    src_ids: list[int]
-    options: SearchOptions
-    deadline: float | None  # time.monotonic() seconds; None = no deadline
-    on_tokens: Callable[[Job, np.ndarray], None] | None = None  # greedy streaming: the row's new token
-    searcher: Searcher | None = None
-    slot: int = -1  # row of the cross-K/V pool holding this request's source
-    rows: int = 0  # rows in the next decoder call
-    local_parents: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rows continued, local
-    row_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its rows in the last decoder call, local order
-    steps: int = 0
-    cancel_requested: bool = False
-    outcome: Outcome | None = None
-    hypotheses: list[Hypothesis] = field(default_factory=list)
-    error: BaseException | None = None
-    finished_at: float = 0.0  # time.perf_counter() when the outcome was set
-    submitted_at: float = field(default_factory=time.perf_counter)
-    joined_at: float = 0.0  # perf_counter() once encoded and in the batch; 0 = never joined
-    first_token_at: float = 0.0  # perf_counter() after its first decoder step
-    done: threading.Event = field(default_factory=threading.Event)
-    on_done: Callable[[Job], None] | None = None
-
-
-@dataclass
-class StepProfile:
-    """Where step time goes, summed over steps: ONNX Runtime (encoder, decoder), cache moves, search (numpy + Python), the rest."""
-
-    steps: int = 0
-    total_s: float = 0.0
-    encode_s: float = 0.0
-    decode_s: float = 0.0
-    arrange_s: float = 0.0
-    search_s: float = 0.0
-    slots_copied: int = 0  # cache slots (one row's K and V of every layer at one position) the moves copied
-
-    def __add__(self, other: StepProfile) -> StepProfile:
-        return StepProfile(**{name: value + getattr(other, name) for name, value in vars(self).items()})
-
-    def __sub__(self, earlier: StepProfile) -> StepProfile:
-        """What was added since `earlier` (a copy of this profile taken before)."""
-        return StepProfile(**{name: value - getattr(earlier, name) for name, value in vars(self).items()})
-
-    def shares(self) -> dict[str, float]:
-        total = max(self.total_s, 1e-12)
-        other = self.total_s - self.encode_s - self.decode_s - self.arrange_s - self.search_s
-        return {"encoder run": self.encode_s / total, "decoder run": self.decode_s / total, "search": self.search_s / total,
-                "cache moves (beam reorders, rows leaving)": self.arrange_s / total, "batching bookkeeping": other / total}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    max_rows: int = 256  # rows (beams included) in one decoder call
-    max_cache_tokens: int = 256 * 128  # rows x past length kept as K/V: bounds cache memory
-    # Newcomers join a running batch together: once `join_group` are waiting, or the oldest has waited
-    # `join_wait_steps` steps (0: at the next step). Every join stalls the running requests for an encoder
-    # call and a new row layout, so near saturation joining in groups keeps the long requests' tail down
-    # (measured in the README), for a few steps of wait. A cancelled or expired newcomer is dropped when it
-    # would have joined.
-    join_wait_steps: int = 0
-    join_group: int = 4
-
-
-def split_rows(rows: np.ndarray, counts: list[int]) -> list[np.ndarray]:
-    """Consecutive slices of `rows`, of the given lengths (np.split's result, without its per-call cost)."""
-    ends = list(itertools.accumulate(counts))
-    return [rows[end - count : end] for count, end in zip(counts, ends, strict=True)]
-
-
-# Up to this many rows, `place_rows` runs in plain Python: cheaper than its ~10 numpy calls, each of which
-# costs several microseconds right after a decoder run has flushed the CPU caches (a beam of 4 alone, say).
-PYTHON_PLACEMENT_ROWS = 16
-
-
-def place_rows(origin: np.ndarray) -> np.ndarray:
-    """Where each row of the next call goes, given the row of the last call it continues (-1 = new).
-
-    The first row continuing a place below the new row count stays there (nothing to copy); every
-    other row takes a hole (a place no row stays in), in order.
-    """
-    return place_rows_python(origin) if len(origin) <= PYTHON_PLACEMENT_ROWS else place_rows_numpy(origin)
-
-
-def place_rows_python(origin: np.ndarray) -> np.ndarray:
-    rows = len(origin)
-    place, taken = [-1] * rows, [False] * rows
-    for row, continued in enumerate(origin.tolist()):
-        if 0 <= continued < rows and not taken[continued]:
-            place[row], taken[continued] = continued, True
-    holes = iter([hole for hole in range(rows) if not taken[hole]])
-    return np.array([where if where >= 0 else next(holes) for where in place], dtype=np.int64)
-
-
-def place_rows_numpy(origin: np.ndarray) -> np.ndarray:
-    rows = len(origin)
-    place = np.full(rows, -1, dtype=np.int64)
-    continuing = np.flatnonzero(origin >= 0)
-    _, first = np.unique(origin[continuing], return_index=True)
-    stays = continuing[first]
-    stays = stays[origin[stays] < rows]
-    place[stays] = origin[stays]
-    taken = np.zeros(rows, dtype=bool)
-    taken[place[stays]] = True
-    place[place < 0] = np.flatnonzero(~taken)  # as many holes as rows without a place
-    return place
 
 
 def length_groups(jobs: list[Job], stretch: float = 1.5, slack: int = 4) -> list[list[Job]]:

@@ -20,7 +20,8 @@ from export.manifest import ModelDirError
 from export.ort_step import available_providers
 from server.arrivals import ArrivalClock
 from server.auth import BearerTokenInterceptor
-from server.engine import Engine, EngineLimits
+from server.engine import Engine
+from server.jobs import EngineLimits
 from server.metrics import Metrics
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Scheduler

@@ -13,7 +13,8 @@ from typing import Protocol
 import numpy as np
 
 from model.search import Hypothesis, SearchOptions
-from server.engine import Engine, Job, Outcome
+from server.engine import Engine
+from server.jobs import Job, Outcome
 
 logger = logging.getLogger(__name__)
 

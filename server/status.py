@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from server.engine import Outcome
+from server.jobs import Outcome
 from server.requests import InvalidRequest, UnknownModel
 from server.scheduler import Rejected, RequestFailed
 

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from export.ort_step import OrtStep
 from export.step_cache import MIN_SOURCE_WIDTH, StepCache
 from model.search import Hypothesis, SearchOptions, generate
-from server.engine import Engine, EngineLimits, Job, Outcome, place_rows_numpy, place_rows_python
+from server.engine import Engine
+from server.jobs import EngineLimits, Job, Outcome
+from server.row_placement import place_rows_numpy, place_rows_python
 from server.runtime import Runtime, RuntimeSettings
 
 SOURCES = [[5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]]

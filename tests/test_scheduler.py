@@ -12,7 +12,8 @@ import pytest
 
 from export.ort_step import OrtStep
 from model.search import Hypothesis, SearchOptions, generate
-from server.engine import Engine, Outcome
+from server.engine import Engine
+from server.jobs import Outcome
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Rejected, RequestFailed, Scheduler
 
