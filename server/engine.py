@@ -20,12 +20,12 @@ from typing import Protocol
 
 import numpy as np
 
-from export.step_cache import fitted_width, grown
 from model.padding import pad_sources
 from model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
 from server.jobs import EngineLimits, Job, Outcome, StepProfile
 from server.row_placement import place_rows, split_rows
 from server.runtime import Runtime
+from server.source_pool import SourcePool
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Engine:
         # the next step has the same requests, every row continues in its place and is only fed its token.
         self._steady_greedy_jobs = 0
         self._cache = runtime.new_step_cache()
-        self._reset_pool()
+        self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in (RELIABILITY row 20).
         self.row_ceiling = limits.max_rows
 
@@ -155,7 +155,7 @@ class Engine:
         joined = self._admit(now)
         if not self.active:
             self._cache.clear()
-            self._reset_pool()
+            self._pool.clear()
             return
         shed = False
         while True:
@@ -324,7 +324,7 @@ class Engine:
     def _arrange(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
                  candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
         arranging, copied = time.perf_counter(), self._cache.slots_copied
-        self._cache.arrange(parents, tgt_ids, keys, slots, self._cross, self._src_mask, candidate_rows, candidate_count)
+        self._cache.arrange(parents, tgt_ids, keys, slots, self._pool.cross, self._pool.src_mask, candidate_rows, candidate_count)
         self.profile.slots_copied += self._cache.slots_copied - copied
         self._arranged(arranging)
 
@@ -382,7 +382,7 @@ class Engine:
         self.active = still_active
         if not self.active:
             self._cache.clear()
-            self._reset_pool()
+            self._pool.clear()
 
     def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
         """Plain greedy requests advance together: one argmax for all their rows instead of one call each."""
@@ -410,7 +410,7 @@ class Engine:
         if outcome is Outcome.OK and job.searcher is not None:
             job.hypotheses = job.searcher.hypotheses()
         if job.slot >= 0:
-            self._free_slots.append(job.slot)
+            self._pool.release(job.slot)
             job.slot = -1
         job.done.set()
         if job.on_done is not None:
@@ -421,54 +421,21 @@ class Engine:
     def _reset_cache(self) -> None:
         self._cache.reset()
 
-    def _reset_pool(self) -> None:
-        """Cross K/V of active sources, one slot per request; freed slots are reused."""
-        shape = (0, self.config.n_heads, 1, self.config.head_dim)
-        self._cross = [np.zeros(shape, dtype=np.float32) for _ in self.runtime.cross_names]
-        self._src_mask = np.zeros((0, 1), dtype=bool)
-        self._free_slots: list[int] = []
-
     def _encode(self, jobs: list[Job]) -> None:
         """Encode in groups of similar length: an encoder call costs its padded size, so one long
         source would make every short one in its call pay for the long one's length."""
-        # The pool narrows as the step cache's buffers do (`fitted_width`) once a long request has left, so
-        # joins stop copying at the old width; it grows in `_reserve_pool`.
-        longest = max(len(job.src_ids) for job in [*self.active, *jobs]) + 1  # + EOS
-        width = fitted_width(self._src_mask.shape[1], longest)
-        if width < self._src_mask.shape[1]:
-            self._cross = [np.ascontiguousarray(layer[:, :, :width]) for layer in self._cross]
-            self._src_mask = np.ascontiguousarray(self._src_mask[:, :width])
+        self._pool.fit(max(len(job.src_ids) for job in [*self.active, *jobs]) + 1)  # + EOS
         for group in length_groups(jobs):
             self._encode_group(group)
 
     def _encode_group(self, jobs: list[Job]) -> None:
         config = self.config
         ids, mask = pad_sources([job.src_ids for job in jobs], config.pad_id, config.eos_id)
-        width = ids.shape[1]
         encoding = time.perf_counter()
         cross = self.runtime.encode(ids, mask)
         seconds = time.perf_counter() - encoding
         self.profile.encode_s += seconds
         if self.observer is not None:
             self.observer.encoded(seconds)
-        self._reserve_pool(len(jobs) - len(self._free_slots), width)
-        # Written straight into free slots (no padded copy of the encoder output first); a slot's tail past
-        # this source is zeroed and masked, as the step cache reads the pool up to the call's longest source.
-        for row, job in enumerate(jobs):
-            job.slot = self._free_slots.pop()
-            for layer, values in zip(self._cross, cross, strict=True):
-                layer[job.slot, :, :width] = values[row]
-                layer[job.slot, :, width:] = 0
-            self._src_mask[job.slot, :width] = mask[row]
-            self._src_mask[job.slot, width:] = False
-
-    def _reserve_pool(self, more: int, width: int) -> None:
-        """Room for `more` sources beyond the free slots (the slots double) of `width` tokens (the pool widens)."""
-        slots, pool_width = self._src_mask.shape
-        if more <= 0 and width <= pool_width:
-            return
-        new_slots = slots + max(more, slots) if more > 0 else slots
-        new_width = max(width, pool_width)
-        self._cross = [grown(layer, (new_slots, layer.shape[1], new_width, layer.shape[3])) for layer in self._cross]
-        self._src_mask = grown(self._src_mask, (new_slots, new_width))
-        self._free_slots.extend(range(new_slots - 1, slots - 1, -1))  # popped lowest first
+        for job, slot in zip(jobs, self._pool.store(cross, mask), strict=True):
+            job.slot = slot

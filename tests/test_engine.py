@@ -126,7 +126,7 @@ def test_engine_narrows_its_source_buffers_once_a_long_source_leaves_and_each_eq
         engine.step()
         widths.append(engine._cache.capacity[2])
     assert widths[0] == len(long_source) + 1 and jobs[0][0].done.is_set()  # + EOS; the long request left after 2 steps
-    assert widths[-1] == MIN_SOURCE_WIDTH and engine._src_mask.shape[1] < len(long_source)  # the pool narrowed at the later join
+    assert widths[-1] == MIN_SOURCE_WIDTH and engine._pool.width < len(long_source)  # the pool narrowed at the later join
     run_until_done(engine, [job for job, _, _ in jobs])
     for job, source, options in jobs:
         assert_same(job, alone(tiny_model_dir, source, options))
