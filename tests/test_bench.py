@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.balancer import NGINX
 from bench.engine_bench import format_table, time_cells
 from bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
 from bench.systems import Cell, EngineSystem, TorchSystem
@@ -156,7 +157,29 @@ def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Pat
     assert all(float(row[3]) > 0 for row in rows) and rows[0][4].strip() == "1.00x"
 
 
-@pytest.mark.parametrize(("flag", "value", "message"), [("--configs", "2x0", "ENGINESxTHREADS"), ("--loads", "4", "BEAM:CONCURRENCY")])
+@pytest.mark.skipif(NGINX is None, reason="nginx not installed (apt-get install nginx; .ci/run does)")
+def test_workers_report_runs_replicas_behind_nginx(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from bench.workers_report import main as workers_report_main
+    from client.loadtest import SAMPLE_TEXTS
+
+    out = tmp_path / "workers.md"
+    assert workers_report_main(["--model-dir", str(tiny_model_dir), "--configs", "1x1,2x1x1", "--loads", "1:4", "--rounds", "1",
+                                "--seconds", "0.5", "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
+    report = out.read_text()
+    assert "closed loop behind the deploy's nginx" in report  # both configurations pay the same proxy
+    rows = [line.split("|") for line in report.splitlines() if line.startswith("| greedy")]
+    assert [row[2].strip() for row in rows] == ["1 engine(s) x 1 thread(s)", "2 replicas x 1 engine(s) x 1 thread(s)"]
+    assert all(float(row[3]) > 0 for row in rows)
+
+
+def test_workers_report_reads_replicas_engines_and_threads() -> None:
+    from bench.workers_report import Config, parse_configs
+
+    assert parse_configs("1x2,3x2x1") == [Config(engines=1, threads=2), Config(engines=2, threads=1, replicas=3)]
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--configs", "2x0", "ENGINESxTHREADS"), ("--configs", "0x1x1", "REPLICAS"),
+                                                        ("--configs", "2x1x0", "ENGINESxTHREADS"), ("--loads", "4", "BEAM:CONCURRENCY")])  # fmt: skip
 def test_workers_report_refuses_bad_lists(flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.workers_report import build_parser
 

@@ -4,14 +4,12 @@ the Debian prometheus (deploy/prometheus.yml), all on loopback; docker-compose.y
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +17,12 @@ import grpc
 import pytest
 import yaml
 
+from bench.balancer import NGINX, Balancer, http_ok
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import free_port, query, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 PROMETHEUS = shutil.which("prometheus")
 COMPOSE = shutil.which("docker-compose")
 
@@ -60,21 +58,6 @@ def start_replica(model_dir: Path, work: Path, name: str) -> tuple[subprocess.Po
     return process, int(port_file.read_text()), metrics_port
 
 
-def nginx_config(work: Path, grpc_ports: list[int], listen: int, health: int) -> Path:
-    """deploy/nginx.conf with the upstream on loopback replicas and the listen ports free ones."""
-    text = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8")
-    upstream = "\n        ".join(f"server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in grpc_ports)
-    text, replaced = re.subn(r"server translator:50051 [^;]*;", upstream, text)
-    assert replaced == 1
-    text = text.replace("listen 8080 http2;", f"listen 127.0.0.1:{listen} http2;").replace("listen 8081;", f"listen 127.0.0.1:{health};")
-    text = text.replace("/tmp/nginx", str(work / "nginx"))
-    if os.geteuid() == 0:  # workers would switch to "nobody", who cannot write the test's temp dirs
-        text = "user root;\n" + text
-    path = work / "nginx.conf"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 @pytest.fixture()
 def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
     if NGINX is None or PROMETHEUS is None:
@@ -83,12 +66,8 @@ def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
     try:
         replicas = [start_replica(tiny_model_dir, tmp_path, f"replica{index}") for index in range(2)]
         processes += [process for process, _, _ in replicas]
-        listen, health = free_port(), free_port()
-        config = nginx_config(tmp_path, [port for _, port, _ in replicas], listen, health)
-        nginx = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp_path), "-g", "daemon off;"], stdout=subprocess.DEVNULL,
-                                 stderr=(tmp_path / "nginx.log").open("w"))  # type: ignore[list-item]  # fmt: skip
-        processes.append(nginx)
-        assert wait_for(lambda: _http_ok(f"http://127.0.0.1:{health}/healthz"), 20), (tmp_path / "nginx.log").read_text()
+        balancer = Balancer([f"127.0.0.1:{port}" for _, port, _ in replicas], tmp_path)
+        processes.append(balancer.process)
         prometheus_config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
         prometheus_config["global"]["scrape_interval"] = "1s"
         for job in prometheus_config["scrape_configs"]:
@@ -99,8 +78,8 @@ def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
         processes.append(subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",  # type: ignore[list-item]
                                            f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-        assert wait_for(lambda: _http_ok(f"http://127.0.0.1:{prometheus_port}/-/ready"), 30)
-        yield {"balancer": f"127.0.0.1:{listen}", "replicas": replicas, "prometheus": prometheus_port, "work": tmp_path}
+        assert wait_for(lambda: http_ok(f"http://127.0.0.1:{prometheus_port}/-/ready"), 30)
+        yield {"balancer": balancer.target, "replicas": replicas, "prometheus": prometheus_port, "work": tmp_path}
     finally:
         for process in processes:
             if process.poll() is None:
@@ -110,13 +89,6 @@ def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
                 process.wait(15)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except OSError:
-        return False
 
 
 def translate_with_retries(stub: pb_grpc.TranslationServiceStub, text: str, attempts: int = 5) -> list[str]:

@@ -1,0 +1,81 @@
+"""The deploy's nginx (deploy/nginx.conf) in front of nmt-serve replicas on loopback, as docker-compose runs it.
+
+Used by nmt-workers-report (several replicas against one) and by tests/test_cluster.py. Needs the
+Debian nginx binary (`apt-get install nginx`; .ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def nginx_config(work: Path, grpc_ports: list[int], listen: int, health: int) -> Path:
+    """deploy/nginx.conf with the upstream on loopback replicas and the listen ports free ones."""
+    text = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8")
+    upstream = "\n        ".join(f"server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in grpc_ports)
+    text, replaced = re.subn(r"server translator:50051 [^;]*;", upstream, text)
+    if replaced != 1:
+        raise ValueError("deploy/nginx.conf no longer has the one 'server translator:50051' upstream line this rewrites")
+    text = text.replace("listen 8080 http2;", f"listen 127.0.0.1:{listen} http2;").replace("listen 8081;", f"listen 127.0.0.1:{health};")
+    text = text.replace("/tmp/nginx", str(work / "nginx"))
+    if os.geteuid() == 0:  # workers would switch to "nobody", who cannot write the caller's temp dirs
+        text = "user root;\n" + text
+    path = work / "nginx.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+class Balancer:
+    """nginx on free loopback ports in front of `targets` (host:port each); `target` is where clients call."""
+
+    def __init__(self, targets: list[str], work: Path) -> None:
+        if NGINX is None:
+            raise RuntimeError("nginx not installed (apt-get install nginx)")
+        work.mkdir(parents=True, exist_ok=True)
+        listen, self.health = free_port(), free_port()
+        config = nginx_config(work, [int(target.rsplit(":", 1)[1]) for target in targets], listen, self.health)
+        self.log = work / "nginx.log"
+        self.process = subprocess.Popen([NGINX, "-c", str(config), "-p", str(work), "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                                        stderr=self.log.open("w"))  # fmt: skip
+        self.target = f"127.0.0.1:{listen}"
+        deadline = time.monotonic() + 20
+        while not self.healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nginx did not start: {self.log.read_text()}")
+            time.sleep(0.05)
+
+    def healthy(self) -> bool:
+        return http_ok(f"http://127.0.0.1:{self.health}/healthz")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
