@@ -83,11 +83,12 @@ def measure(model_dir: Path, configs: list[Config], loads: list[Load], rounds: i
     balanced = any(config.replicas > 1 for config in configs)
     for round_number in range(rounds):
         for number, config in enumerate(configs):
-            flags = ("--engines", str(config.engines), "--threads", str(config.threads), "--max-queued-requests", "1024")
+            server_flags = ("--engines", str(config.engines), "--threads", str(config.threads), "--max-queued-requests", "1024")
             servers: list[ServerProcess] = []
             balancer = None
             try:
-                servers += [ServerProcess(model_dir, work, *flags) for _ in range(config.replicas)]
+                for _ in range(config.replicas):  # one by one: those started are stopped if a later one fails
+                    servers.append(ServerProcess(model_dir, work, *server_flags))
                 if balanced:
                     balancer = Balancer([server.target for server in servers], work / f"nginx-{round_number}-{number}")
                 target = balancer.target if balancer is not None else servers[0].target
