@@ -73,7 +73,6 @@ class MatmulCeiling:
     def __init__(self, model_dir: Path, threads: int, label: str) -> None:
         decoder_path = load_model_dir(model_dir).graph_path(model_dir, "decoder")
         model = weight_products_model(optimized_decoder(decoder_path, threads))
-        self.products = sum(1 for node in model.graph.node)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -76,12 +75,6 @@ class RunningServer:
     def stub(self) -> tuple[grpc.Channel, pb_grpc.TranslationServiceStub]:
         channel = grpc.insecure_channel(self.target)
         return channel, pb_grpc.TranslationServiceStub(channel)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def query(port: int, promql: str) -> list[dict]:

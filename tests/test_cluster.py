@@ -17,10 +17,10 @@ import grpc
 import pytest
 import yaml
 
-from bench.balancer import NGINX, Balancer, http_ok
+from bench.balancer import NGINX, Balancer, free_port, http_ok
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from tests.serving import free_port, query, wait_for
+from tests.serving import query, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")

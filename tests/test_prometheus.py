@@ -12,8 +12,9 @@ import grpc
 import pytest
 import yaml
 
+from bench.balancer import free_port
 from protos.nmt.translation.v1 import translation_pb2 as pb
-from tests.serving import RunningServer, free_port, query, server_settings, wait_for
+from tests.serving import RunningServer, query, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)

@@ -17,10 +17,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.balancer import free_port
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
-from tests.serving import RunningServer, Samples, free_port, scrape_until, server_settings, wait_for
+from tests.serving import RunningServer, Samples, scrape_until, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
