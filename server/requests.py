@@ -14,6 +14,16 @@ from protos.nmt.translation.v1 import translation_pb2 as pb
 from server.settings import ServerSettings
 
 
+# Client-sent values quoted in an error message are cut to this many characters: a status message travels in
+# the trailers, and a client's default metadata limit (16 KiB) turns a longer one into RESOURCE_EXHAUSTED.
+ECHO_CHARS = 80
+
+
+def clipped(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` for an error message: cut to `limit` characters, its full length named when cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class InvalidRequest(ValueError):
     """A request the server will not run; the message names each bad field and its limit."""
 
@@ -76,7 +86,7 @@ class RequestReader:
 
     def _check_model(self, name: str) -> None:
         if name and name != self.model_name:
-            raise UnknownModel(f"model {name!r} is not served here; this server serves {self.model_name!r}")
+            raise UnknownModel(f"model {clipped(name)!r} is not served here; this server serves {self.model_name!r}")
 
     def _task(self, texts: list[str], options: pb.DecodingOptions, field: str) -> Task:
         limit = self.limits.max_chars_per_text

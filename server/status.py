@@ -7,7 +7,7 @@ import logging
 import grpc
 
 from server.jobs import Outcome
-from server.requests import InvalidRequest, UnknownModel
+from server.requests import InvalidRequest, UnknownModel, clipped
 from server.scheduler import Rejected, RequestFailed
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,17 @@ OUTCOME_CODES = {
 }
 
 
+# Whatever a message quotes, it stays far below a client's metadata limit (16 KiB by default).
+MAX_DETAIL_CHARS = 1000
+
+
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
-    """A deliberate code for every failure; anything unforeseen is INTERNAL, never UNKNOWN."""
+    """A deliberate code and a bounded message for every failure; anything unforeseen is INTERNAL, never UNKNOWN."""
+    code, message = _status_for(error)
+    return code, clipped(message, MAX_DETAIL_CHARS)
+
+
+def _status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, UnknownModel):

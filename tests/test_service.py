@@ -13,7 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.requests import ECHO_CHARS, InvalidRequest
 from server.service import SERVICE_NAME
+from server.status import MAX_DETAIL_CHARS, status_for
 from tests.serving import RunningServer, server_settings
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute.", "Du habe einen großen Zug nicht."]
@@ -166,6 +168,18 @@ def test_row6_odd_characters_translate_cleanly(stub, text: str) -> None:  # type
 def test_row7_unknown_model_is_not_found(stub) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, pb.TranslateRequest(texts=["Hund"], model="fr-en"))
     assert code is grpc.StatusCode.NOT_FOUND and "fr-en" in details
+
+
+def test_row7_unknown_model_echo_is_capped(stub) -> None:  # type: ignore[no-untyped-def]
+    # 20,000 characters echoed whole would pass the client's 16 KiB metadata limit (RESOURCE_EXHAUSTED there).
+    code, details = code_of(stub.Translate, pb.TranslateRequest(texts=["Hallo"], model="m" * 20_000), timeout=10)
+    assert code is grpc.StatusCode.NOT_FOUND and "mmmm" in details and "20000 characters" in details
+    assert len(details) <= 2 * ECHO_CHARS + 200
+
+
+def test_status_for_caps_every_message() -> None:
+    code, message = status_for(InvalidRequest("x" * 50_000))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and message.endswith("(50000 characters)") and len(message) <= MAX_DETAIL_CHARS + 40
 
 
 @pytest.mark.parametrize(
