@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import grpc
@@ -13,17 +14,16 @@ from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+# The retry policy is published beside the .proto so that clients in every language use the same one;
+# this client reads it from there rather than keeping a copy. Why it retries what it does:
 # UNAVAILABLE means not admitted (a draining or restarting server, a balancer without a replica):
 # safe to retry. A CANCELLED the server sends (this client's own cancels are never retried) comes from a
 # stopping server: grpc core cancels calls it had not yet handed to a handler (grpc/grpc#41785), and calls
 # still running when the grace period ends. Translation is idempotent, so both are retried, with gRPC's
 # built-in retries and exponential backoff 0.1 s .. 1 s.
-RETRY_POLICY = json.dumps({"methodConfig": [{
-    "name": [{"service": "nmt.translation.v1.TranslationService"}],
-    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]},
-}]})  # fmt: skip
-CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_POLICY)]
+SERVICE_CONFIG_FILE = "service_config.json"
+SERVICE_CONFIG = json.loads(resources.files(pb.__package__).joinpath(SERVICE_CONFIG_FILE).read_text(encoding="utf-8"))
+CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(SERVICE_CONFIG))]
 
 
 @dataclass(frozen=True)

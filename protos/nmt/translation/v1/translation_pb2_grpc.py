@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.nmt.translation.v1 import translation_pb2 as protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2
+from protos.nmt.translation.v1 import translation_pb2 as nmt_dot_translation_dot_v1_dot_translation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/nmt/translation/v1/translation_pb2_grpc.py depends on'
+        + ' but the generated code in nmt/translation/v1/translation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TranslationServiceStub:
-    """Translates text with the model this server was started on.
+    """Translates text with the model this server was started on. Clients should load the retry policy
+    in service_config.json beside this file (a gRPC service config) into their channels.
     """
 
     def __init__(self, channel):
@@ -37,23 +38,24 @@ class TranslationServiceStub:
         """
         self.Translate = channel.unary_unary(
                 '/nmt.translation.v1.TranslationService/Translate',
-                request_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.SerializeToString,
-                response_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.FromString,
+                request_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.SerializeToString,
+                response_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.FromString,
                 _registered_method=True)
         self.TranslateStream = channel.unary_stream(
                 '/nmt.translation.v1.TranslationService/TranslateStream',
-                request_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.SerializeToString,
-                response_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.FromString,
+                request_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.SerializeToString,
+                response_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/nmt.translation.v1.TranslationService/GetModelInfo',
-                request_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
+                request_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
                 _registered_method=True)
 
 
 class TranslationServiceServicer:
-    """Translates text with the model this server was started on.
+    """Translates text with the model this server was started on. Clients should load the retry policy
+    in service_config.json beside this file (a gRPC service config) into their channels.
     """
 
     def Translate(self, request, context):
@@ -73,6 +75,11 @@ class TranslationServiceServicer:
 
     def GetModelInfo(self, request, context):
         """What is served: model, languages, precision, execution provider and limits.
+
+        The response keeps its v1 name ModelInfo rather than GetModelInfoResponse: renaming a message
+        is invisible on the wire but breaks every client's generated code, and the message describes a
+        thing (the served model) rather than one call's outcome.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,18 +90,18 @@ def add_TranslationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Translate': grpc.unary_unary_rpc_method_handler(
                     servicer.Translate,
-                    request_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.FromString,
-                    response_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.SerializeToString,
+                    request_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.FromString,
+                    response_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.SerializeToString,
             ),
             'TranslateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.TranslateStream,
-                    request_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.FromString,
-                    response_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.SerializeToString,
+                    request_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.FromString,
+                    response_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -105,7 +112,8 @@ def add_TranslationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TranslationService:
-    """Translates text with the model this server was started on.
+    """Translates text with the model this server was started on. Clients should load the retry policy
+    in service_config.json beside this file (a gRPC service config) into their channels.
     """
 
     @staticmethod
@@ -123,8 +131,8 @@ class TranslationService:
             request,
             target,
             '/nmt.translation.v1.TranslationService/Translate',
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.SerializeToString,
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.FromString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateRequest.SerializeToString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -150,8 +158,8 @@ class TranslationService:
             request,
             target,
             '/nmt.translation.v1.TranslationService/TranslateStream',
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.SerializeToString,
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.FromString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamRequest.SerializeToString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.TranslateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -177,8 +185,8 @@ class TranslationService:
             request,
             target,
             '/nmt.translation.v1.TranslationService/GetModelInfo',
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
-            protos_dot_nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
