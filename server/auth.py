@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -13,13 +14,15 @@ from grpc_reflection.v1alpha import reflection
 OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/")
 
 
-async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token in the authorization metadata")
+REFUSAL = "missing or wrong bearer token in the authorization metadata"
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str) -> None:
+    """`on_refused(method, seconds)` is told of each refused call (metrics), `method` being the bare method name."""
+
+    def __init__(self, token: str, on_refused: Callable[[str, float], None] | None = None) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._on_refused = on_refused
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
@@ -34,12 +37,19 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None  # unknown method: grpcio answers UNIMPLEMENTED
+        started, method = time.perf_counter(), details.method.rsplit("/", 1)[-1]
+
+        async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
+            if self._on_refused is not None:
+                self._on_refused(method, time.perf_counter() - started)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+
         if handler.unary_stream:
             async def refuse_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-                await _refuse(request, context)
+                await refuse(request, context)
                 yield  # pragma: no cover - abort raises first
 
             return grpc.unary_stream_rpc_method_handler(refuse_stream, request_deserializer=handler.request_deserializer,
                                                         response_serializer=handler.response_serializer)  # fmt: skip
-        return grpc.unary_unary_rpc_method_handler(_refuse, request_deserializer=handler.request_deserializer,
+        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=handler.request_deserializer,
                                                    response_serializer=handler.response_serializer)  # fmt: skip

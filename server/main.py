@@ -82,7 +82,7 @@ class Server:
         settings = self.settings
         interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals]
         if settings.auth_token:
-            interceptors.append(BearerTokenInterceptor(settings.auth_token))
+            interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers([self.service.handler()])

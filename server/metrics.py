@@ -90,6 +90,10 @@ class Metrics:
         if output_tokens is not None:
             self.output_tokens.observe(output_tokens)
 
+    def refused(self, method: str, seconds: float) -> None:
+        """A call the bearer-token check turned away (server/auth.py)."""
+        self.answered(method, "UNAUTHENTICATED", seconds)
+
     def answered(self, method: str, code: str, seconds: float) -> None:
         self.requests.labels(method=method, code=code).inc()
         self.request_duration.labels(method=method).observe(seconds)

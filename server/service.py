@@ -93,7 +93,8 @@ class TranslationService:
                 # The deltas must add up to the final best text, whatever the tokenizer did at the end.
                 tail = hypotheses[0].text[len(sent):] if hypotheses[0].text.startswith(sent) else ""
                 yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # GeneratorExit: the client went away while the stream waited at a yield, and grpcio closed the generator.
             code = self._cancel_code(context)
             raise
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py

@@ -79,6 +79,41 @@ def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
     assert samples[key] == 1
 
 
+def test_metrics_count_a_cancelled_stream_as_cancelled(metered: RunningServer) -> None:
+    def count(samples: Samples, code: str) -> float:
+        return samples.get(("nmt_requests_total", (("code", code), ("method", "TranslateStream"))), 0.0)
+
+    port = metered.server.metrics_port
+    before = scrape_until(port, lambda found: True)
+    long = pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
+    cancelled_channel, stub = metered.stub()
+    call = stub.TranslateStream(long, timeout=30)
+    next(call)  # decoding has started
+    call.cancel()
+    killed_channel, stub = metered.stub()  # a client that goes away mid-stream: its connection closes
+    call = stub.TranslateStream(long, timeout=30)
+    next(call)
+    killed_channel.close()
+    cancelled_channel.close()
+    samples = scrape_until(port, lambda found: count(found, "CANCELLED") >= count(before, "CANCELLED") + 2)
+    assert count(samples, "CANCELLED") == count(before, "CANCELLED") + 2
+    assert count(samples, "OK") == count(before, "OK")
+
+
+def test_metrics_count_unauthenticated_calls(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, auth_token="s3cret")) as server:
+        channel, stub = server.stub()
+        with channel:
+            with pytest.raises(grpc.RpcError, match="bearer token"):
+                stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
+            with pytest.raises(grpc.RpcError, match="bearer token"):
+                list(stub.TranslateStream(pb.TranslateStreamRequest(text="Hund"), timeout=10))
+        keys = [("nmt_requests_total", (("code", "UNAUTHENTICATED"), ("method", method))) for method in ("Translate", "TranslateStream")]
+        samples = scrape_until(server.server.metrics_port, lambda found: all(key in found for key in keys))
+    assert [samples.get(key) for key in keys] == [1, 1]
+    assert samples[("nmt_request_duration_seconds_count", (("method", "Translate"),))] == 1
+
+
 def test_latency_buckets_include_the_documented_slo() -> None:
     assert LATENCY_SLO_SECONDS in REQUEST_BUCKETS
 
