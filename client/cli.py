@@ -8,57 +8,89 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
 from client.client import DEFAULT_TARGET, Options, TranslationClient
+from protos.nmt.translation.v1 import translation_pb2 as pb
 
 logger = logging.getLogger("nmt-translate")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each option's default unless its help already states one: unset options the server decides, and the token."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nmt-translate", description=__doc__)
-    parser.add_argument("texts", nargs="*", help="German texts; none: one per line from stdin")
-    parser.add_argument("--target", default=os.environ.get("NMT_TARGET", DEFAULT_TARGET), help="host:port (env NMT_TARGET)")
-    parser.add_argument("--beam", type=int, default=None, help="beam size (server default: greedy)")
-    parser.add_argument("--nbest", type=int, default=None, help="hypotheses per text")
-    parser.add_argument("--max-output-tokens", type=int, default=None)
-    parser.add_argument("--stream", action="store_true", help="print text as it is decoded (greedy)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per text")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
-    parser.add_argument("--token", default=os.environ.get("NMT_AUTH_TOKEN", ""), help="bearer token (env NMT_AUTH_TOKEN)")
+    parser = argparse.ArgumentParser(prog="nmt-translate", description=__doc__, formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("texts", nargs="*", help="German texts (default: one per line from stdin)")
+    parser.add_argument("--target", default=os.environ.get("NMT_TARGET", DEFAULT_TARGET), help="host:port, env NMT_TARGET")
+    parser.add_argument("--beam", type=int, default=None, help="beam size (default: the server's, greedy)")
+    parser.add_argument("--nbest", type=int, default=None, help="hypotheses per text, at most --beam (default: 1)")
+    parser.add_argument("--max-output-tokens", type=int, default=None,
+                        help="output tokens per hypothesis (default: 1.5 x source tokens + 10)")  # fmt: skip
+    parser.add_argument("--stream", action="store_true", help="print text as it is decoded (greedy; beam search prints when done)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per text: source and hypotheses")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    # The token's value is never echoed by --help.
+    parser.add_argument("--token", default=os.environ.get("NMT_AUTH_TOKEN", ""),
+                        help="bearer token (default: env NMT_AUTH_TOKEN, else none)")  # fmt: skip
     parser.add_argument("--batch", type=int, default=32, help="texts per request when reading stdin")
     return parser
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """n-best comes from beam search: catch a missing or small --beam here instead of a server error."""
+    if args.nbest is not None and args.nbest > 1:
+        if args.beam is None:
+            parser.error(f"--nbest {args.nbest} needs --beam {args.nbest} or more (n-best hypotheses come from beam search)")
+        if args.beam < args.nbest:
+            parser.error(f"--nbest {args.nbest} needs --beam {args.nbest} or more, got --beam {args.beam}")
+
+
+def write_translation(out: TextIO, source: str, hypotheses: Sequence[pb.Hypothesis], as_json: bool, numbered: bool) -> None:
+    """One text's result; the unary and the streaming paths both end here, so they print alike."""
+    if as_json:
+        listed = [MessageToDict(h, preserving_proto_field_name=True) for h in hypotheses]
+        out.write(json.dumps({"source": source, "hypotheses": listed}, ensure_ascii=False) + "\n")
+    elif numbered:  # a numbered block per text, a blank line after it, so texts and hypotheses stay apart
+        out.write("".join(f"{rank}. {h.text}\n" for rank, h in enumerate(hypotheses, start=1)) + "\n")
+    else:
+        out.write(hypotheses[0].text + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    numbered = args.nbest is not None and args.nbest > 1
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
     options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens)
     out = sys.stdout
     try:
         with TranslationClient(args.target, token=args.token) as client:
             if args.stream:
+                live = not args.json and not numbered  # only a single plain text can be shown as it grows
                 for text in texts:
                     for message in client.translate_stream(text, options, timeout=args.timeout):
-                        if args.json and message.final:
-                            out.write(json.dumps(MessageToDict(message, preserving_proto_field_name=True), ensure_ascii=False) + "\n")
-                        elif not args.json:
-                            out.write(message.text_delta)
+                        if live:
+                            out.write(message.text_delta + ("\n" if message.final else ""))
                             out.flush()
-                    if not args.json:
-                        out.write("\n")
+                        elif message.final:
+                            write_translation(out, text, message.hypotheses, args.json, numbered)
                 return 0
             for start in range(0, len(texts), args.batch):
                 chunk = texts[start : start + args.batch]
                 for text, nbest in zip(chunk, client.translate(chunk, options, timeout=args.timeout), strict=True):
-                    if args.json:
-                        hypotheses = [MessageToDict(h, preserving_proto_field_name=True) for h in nbest]
-                        out.write(json.dumps({"source": text, "hypotheses": hypotheses}, ensure_ascii=False) + "\n")
-                    else:
-                        out.write("\n".join(h.text for h in nbest) + "\n")
+                    write_translation(out, text, nbest, args.json, numbered)
     except grpc.RpcError as error:
         logger.error("%s: %s", error.code().name, error.details())
         return 1

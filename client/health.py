@@ -10,12 +10,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-health", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server to check")
+    parser.add_argument("--service", default="", help="service to check, e.g. nmt.translation.v1.TranslationService"
+                                                       " (default: %(default)r, the whole server)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer before reporting failure")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nmt-health", description=__doc__)
-    parser.add_argument("--target", default="127.0.0.1:50051")
-    parser.add_argument("--service", default="", help="service name; empty = the whole server")
-    parser.add_argument("--timeout", type=float, default=3.0)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         with grpc.insecure_channel(args.target) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)

@@ -1,8 +1,9 @@
-"""TranslationClient: its retry policy is the published one; it rides over UNAVAILABLE (a server not yet admitting), nothing else."""
+"""TranslationClient and the CLIs: the published retry policy, n-best and streaming output, argument errors, help."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -11,12 +12,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from client import cli, health
 from client.client import CHANNEL_OPTIONS, Options, TranslationClient
 from protos.nmt.translation.v1 import translation_pb2 as pb
 from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import RunningServer, server_settings
 
 SERVICE_CONFIG = Path(pb.__file__).with_name("service_config.json")
+TEXTS = ["Ich sehe den Hund.", "Wir mag Kaffee."]
 
 
 class RefusingServicer(pb_grpc.TranslationServiceServicer):
@@ -40,6 +43,33 @@ def refusing() -> Iterator[tuple[str, RefusingServicer]]:
     server.start()
     yield f"127.0.0.1:{port}", servicer
     server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_settings(tiny_model_dir)) as server:
+        yield server
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """--help's entries by their first word ('--timeout', 'texts'), each with its wrapped description joined."""
+    entries: dict[str, str] = {}
+    key = ""
+    for line in text.splitlines():
+        start = re.match(r"^  (\S+)", line)
+        if start:
+            key = start.group(1).rstrip(",")
+            entries[key] = line
+        elif key and line.startswith("   "):
+            entries[key] += line
+        else:
+            key = ""
+    return {name: " ".join(entry.split()) for name, entry in entries.items()}
 
 
 def test_client_retries_unavailable_until_the_server_is_warm(tiny_model_dir: Path) -> None:
@@ -72,3 +102,55 @@ def test_client_retries_the_published_codes_the_published_number_of_times(
         client.translate(["Hund"], timeout=30)
     assert caught.value.code() is code
     assert servicer.attempts == (policy["maxAttempts"] if code.name in policy["retryableStatusCodes"] else 1)
+
+
+def test_cli_plain_nbest_numbers_hypotheses_and_separates_texts(served: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    with TranslationClient(served.target) as client:
+        expected = client.translate(TEXTS, Options(beam_size=3, num_hypotheses=3), timeout=30)
+    output = run_cli(capsys, "--target", served.target, "--beam", "3", "--nbest", "3", *TEXTS)
+    blocks = output.split("\n\n")
+    assert blocks[-1] == "" and len(blocks) == len(TEXTS) + 1, output
+    for block, nbest in zip(blocks, expected, strict=False):
+        assert block.split("\n") == [f"{rank}. {h.text}" for rank, h in enumerate(nbest, start=1)]
+
+
+def test_cli_plain_single_best_prints_one_line_per_text(served: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    with TranslationClient(served.target) as client:
+        expected = client.translate(TEXTS, timeout=30)
+    assert run_cli(capsys, "--target", served.target, *TEXTS) == "".join(nbest[0].text + "\n" for nbest in expected)
+
+
+@pytest.mark.parametrize("flags", [["--json", "--beam", "3", "--nbest", "2"], ["--beam", "3", "--nbest", "2"], ["--json"], []],
+                         ids=["json-nbest", "plain-nbest", "json-greedy", "plain-greedy"])  # fmt: skip
+def test_cli_stream_prints_what_the_unary_call_prints(served: RunningServer, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    for text in TEXTS:  # one text a call: a batch's padding must not make the two paths' scores differ
+        unary = run_cli(capsys, "--target", served.target, *flags, text)
+        assert run_cli(capsys, "--target", served.target, "--stream", *flags, text) == unary
+    if "--json" in flags:
+        result = json.loads(unary)
+        assert result["source"] == TEXTS[-1] and len(result["hypotheses"]) == (2 if "--nbest" in flags else 1)
+
+
+@pytest.mark.parametrize("argv", [["--nbest", "2"], ["--nbest", "2", "--stream"], ["--nbest", "3", "--beam", "2"]])
+def test_cli_nbest_without_enough_beam_exits_2_naming_both_flags(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit, match="2"):
+        cli.main([*argv, "Hund"])
+    error = capsys.readouterr().err
+    assert "--nbest" in error and "--beam" in error
+
+
+def test_cli_help_shows_every_default_but_not_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NMT_AUTH_TOKEN", "secret-token-value")
+    text = cli.build_parser().format_help()
+    entries = help_entries(text)
+    assert {"texts", "--target", "--beam", "--nbest", "--stream", "--json", "--timeout", "--token", "--batch"} <= set(entries)
+    assert [name for name, entry in entries.items() if name != "-h" and "(default:" not in entry] == []
+    assert "secret-token-value" not in text
+
+
+def test_health_help_describes_and_defaults_every_flag() -> None:
+    entries = help_entries(health.build_parser().format_help())
+    assert set(entries) == {"-h", "--target", "--service", "--timeout"}
+    for name in ("--target", "--service", "--timeout"):
+        flag, _, description = entries[name].partition(f" {name.lstrip('-').upper()} ")
+        assert flag == name and "(default:" in description and len(description.split()) > 4, entries[name]
