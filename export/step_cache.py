@@ -320,9 +320,13 @@ class StepCache:
         if sources <= source_cap and new_width == width_cap:
             return
         new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
+        # A place whose source is longer than the new width (one this call does not read) loses its tail
+        # here: it must not be kept for a later call that reads that source again.
+        cut = self._src_mask.sum(axis=1) > new_width
         self._cross = [grown(buffer, (new_sources, self.n_heads, new_width, self.head_dim)) for buffer in self._cross]
         self._src_mask = grown(self._src_mask, (new_sources, new_width))
         self._source_keys = grown(self._source_keys, (new_sources,), fill=-1)
+        self._source_keys[: len(cut)][cut] = -1
         self._forget_bindings()
 
     def _forget_bindings(self) -> None:

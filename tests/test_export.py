@@ -167,6 +167,23 @@ def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_
     assert ort_step.cache.positions.tolist() == [2, 4, 4, 2, 2]
 
 
+def test_step_cache_source_absent_while_buffers_narrow_is_copied_again(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """A 40-token source in the third place sits out a call of one short source (the buffers narrow to
+    16 columns and cut its K/V, its place keeps its key); when its rows come back it is copied whole
+    again, so torch's log-probs hold."""
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[11, 12], [13], list(range(5, 45))])
+    calls = [
+        (np.array([0, 1, 2]), np.full(3, -1), np.array([1, 1, 1])),
+        (np.array([0]), np.array([0]), np.array([20])),  # one short source: the width narrows
+        (np.array([0, 1, 2]), np.array([0, -1, -1]), np.array([21, 1, 1])),  # the long source is read again
+    ]
+    widths = []
+    for call in calls:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        widths.append(ort_step.cache._src_mask.shape[1])
+    assert widths == [41, step_cache.MIN_SOURCE_WIDTH, 41]  # 40 tokens and EOS
+
+
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
     """Fused attention, no cache copies in the graph; a step writes one slot per row into the bound buffers."""
     ops = {node.op_type for node in onnx.load(str(fp32_dir / "decoder.onnx")).graph.node}
