@@ -23,6 +23,7 @@ from server.auth import BearerTokenInterceptor
 from server.engine import Engine
 from server.jobs import EngineLimits
 from server.metrics import Metrics
+from server.request_deadline import RequestDeadline
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Scheduler
 from server.service import SERVICE_NAME, TranslationService
@@ -80,7 +81,8 @@ class Server:
 
     def _build(self) -> grpc.aio.Server:
         settings = self.settings
-        interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals]
+        # The request deadline comes before the token check, so that refused calls too read their request under it.
+        interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals, RequestDeadline(settings.max_deadline_s, self.metrics.answered)]
         if settings.auth_token:
             interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]

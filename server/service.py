@@ -154,9 +154,9 @@ class TranslationService:
         return request
 
     def _deadline(self, context: grpc.aio.ServicerContext) -> float:
-        """The engine's monotonic deadline: the client's, or the server default when it sets none."""
+        """The engine's monotonic deadline: the client's, or the server default when it sets none; never past the server maximum."""
         remaining = context.time_remaining()
-        return time.monotonic() + (self.settings.default_deadline_s if remaining is None else remaining)
+        return time.monotonic() + min(self.settings.default_deadline_s if remaining is None else remaining, self.settings.max_deadline_s)
 
     async def _translate_one(self, token_ids: tuple[int, ...], task: Task, deadline: float) -> list[Hypothesis]:
         if not token_ids:

@@ -37,6 +37,9 @@ class ServerSettings:
     join_wait_steps: int = 4
     join_group: int = 4
     default_deadline_s: float = 30.0  # applied when the client sets no deadline
+    # The longest any call lives, whatever the client sends: longer client deadlines are cut to it, and a request
+    # message that has not arrived by then (a stalled or cut-short stream) is answered DEADLINE_EXCEEDED.
+    max_deadline_s: float = 60.0
     engines: int = 0  # engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU (server/workers.py)
     threads: int = 0  # ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
@@ -62,6 +65,8 @@ class ServerSettings:
             problems.append(f"metrics_port must be between -1 (off) and 65535, got {self.metrics_port}")
         if self.default_deadline_s <= 0 or self.grace_s < 0:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
+        if self.max_deadline_s < self.default_deadline_s:
+            problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("tls_cert and tls_key must be given together")
         if problems:

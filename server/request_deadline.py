@@ -1,0 +1,79 @@
+"""Reads every unary request inside the handler, under a deadline: no call waits forever for its request message.
+
+grpcio reads a unary call's request before any handler or deadline of ours runs, and waits as long as the client
+keeps the stream open: a message that declares 100 bytes and sends 10, or headers with no message at all, held the
+call (and its HTTP/2 stream) with no end when the client had set no deadline. Served as request-streaming
+instead (the same bytes on the wire), the read is ours: a stream that ends before a whole message is
+INVALID_ARGUMENT at once, a message still missing at the deadline is DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+
+class RequestDeadline(grpc.aio.ServerInterceptor):
+    """`max_wait_s` bounds the wait for the request (the client's deadline when shorter); `on_failed(method, code, seconds)`
+    is told of each call this ends (metrics)."""
+
+    def __init__(self, max_wait_s: float, on_failed: Callable[[str, str, float], None] | None = None) -> None:
+        self.max_wait_s = max_wait_s
+        self._on_failed = on_failed
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler  # streaming requests are read by their own handler, message by message
+        method, started = details.method.rsplit("/", 1)[-1], time.perf_counter()
+        read = self._reader(method, started)
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+
+            async def unary_response(_: object, context: grpc.aio.ServicerContext) -> Any:
+                return await unary(await read(context), context)
+
+            return grpc.stream_unary_rpc_method_handler(unary_response, request_deserializer=handler.request_deserializer,
+                                                        response_serializer=handler.response_serializer)  # fmt: skip
+        streaming = handler.unary_stream
+        if inspect.isasyncgenfunction(streaming):
+            async def stream_response(_: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async for response in streaming(await read(context), context):
+                    yield response
+
+            behaviour: Callable[..., Any] = stream_response
+        else:  # a coroutine that writes through context.write (grpc_health's Watch)
+            async def written_response(_: object, context: grpc.aio.ServicerContext) -> None:
+                await streaming(await read(context), context)
+
+            behaviour = written_response
+        return grpc.stream_stream_rpc_method_handler(behaviour, request_deserializer=handler.request_deserializer,
+                                                     response_serializer=handler.response_serializer)  # fmt: skip
+
+    def _reader(self, method: str, started: float) -> Callable[[grpc.aio.ServicerContext], Awaitable[Any]]:
+        async def read(context: grpc.aio.ServicerContext) -> Any:
+            remaining = context.time_remaining()
+            wait_s = self.max_wait_s if remaining is None else min(remaining, self.max_wait_s)
+            try:
+                request = await asyncio.wait_for(context.read(), wait_s)
+            except TimeoutError:
+                await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"the request message did not arrive within {wait_s:.3g} s")  # fmt: skip
+            if request is grpc.aio.EOF:
+                await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
+                                 "the request stream ended before a whole request message (cut short, or none sent)")  # fmt: skip
+            return request
+
+        return read
+
+    async def _fail(self, context: grpc.aio.ServicerContext, method: str, started: float, code: grpc.StatusCode, message: str) -> None:
+        if self._on_failed is not None:
+            self._on_failed(method, code.name, time.perf_counter() - started)
+        await context.abort(code, message)

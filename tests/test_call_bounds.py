@@ -1,0 +1,62 @@
+"""Every call ends within the server's maximum deadline, whatever the client sends: raw HTTP/2 against a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.service import SERVICE_NAME
+from tests.raw_http2 import DATA, END_HEADERS, END_STREAM, HEADERS, call, frame, grpc_message, request_headers
+from tests.serving import RunningServer, server_settings
+
+MAX_DEADLINE_S = 2.0
+WAIT_S = 4 * MAX_DEADLINE_S  # generous: the test is that the call ends at all, not how fast
+TRANSLATE = f"/{SERVICE_NAME}/Translate"
+STREAM = f"/{SERVICE_NAME}/TranslateStream"
+CHECK = f"/{health.SERVICE_NAME}/Check"
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_settings(tiny_model_dir, default_deadline_s=1.0, max_deadline_s=MAX_DEADLINE_S)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("path", [TRANSLATE, STREAM, CHECK])
+def test_request_deadline_a_message_cut_short_is_invalid_argument(bounded: RunningServer, path: str) -> None:
+    """The frame declares 100 bytes, carries 10 and ends the stream; the client set no deadline."""
+    ending = call(bounded.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(path)),
+                  frame(DATA, END_STREAM, 1, grpc_message(b"x" * 10, declared=100)), wait_s=WAIT_S)  # fmt: skip
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.INVALID_ARGUMENT.value[0], ending
+
+
+@pytest.mark.parametrize("path", [TRANSLATE, STREAM, CHECK])
+def test_request_deadline_a_request_that_never_comes_ends_at_the_maximum(bounded: RunningServer, path: str) -> None:
+    """Headers, then nothing: no message, no end of stream, no grpc-timeout."""
+    ending = call(bounded.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(path)), wait_s=WAIT_S)
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], ending
+
+
+def test_request_deadline_caps_a_longer_client_deadline(tiny_model_dir: Path) -> None:
+    # Four rows per step: sixteen beam-4 texts of 90 tokens take over a thousand steps, far past 50 ms.
+    settings = server_settings(tiny_model_dir, default_deadline_s=0.05, max_deadline_s=0.05, max_rows=4)
+    request = pb.TranslateRequest(texts=["Ich sehe den Hund."] * 16, options=pb.DecodingOptions(beam_size=4, min_output_tokens=90, max_output_tokens=90))
+    with RunningServer(settings) as server:
+        channel, stub = server.stub()
+        with channel, pytest.raises(grpc.RpcError) as caught:
+            stub.Translate(request, timeout=600)
+    assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_request_deadline_leaves_ordinary_calls_alone(bounded: RunningServer) -> None:
+    channel, stub = bounded.stub()
+    with channel:
+        assert stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=30).translations[0].hypotheses
+        messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text="Hund"), timeout=30))
+        assert messages[-1].final
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_texts == bounded.server.settings.max_texts
