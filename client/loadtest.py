@@ -1,4 +1,4 @@
-"""nmt-loadtest: closed-loop (concurrency) or open-loop (Poisson rate) load on a translation server or balancer.
+"""nmt-loadtest: closed-loop (concurrency), open-loop (Poisson rate) or burst (N calls at once) load on a translation server or balancer.
 
 Reports achieved requests and tokens per second, latency percentiles, time to first token when
 streaming, counts by status code (RESOURCE_EXHAUSTED apart from errors) and, given --metrics-url,
@@ -68,6 +68,10 @@ class Report:
                  f"| {self.codes.get('OK', 0)} | {self.rejected} | {self.errors} |"]  # fmt: skip
         if self.first_token_s:
             lines += ["", f"Time to first token: p50 {self.first_token_s['p50']:.3f} s, p99 {self.first_token_s['p99']:.3f} s."]
+        if self.rejection_latency_s:
+            lines += ["", f"Refused (RESOURCE_EXHAUSTED) after: p50 {self.rejection_latency_s['p50']:.4f} s, p99 {self.rejection_latency_s['p99']:.4f} s, "
+                          f"max {self.rejection_latency_s['max']:.4f} s; admitted calls answered OK after: p50 {self.latency_s.get('p50', 0):.3f} s, "
+                          f"p99 {self.latency_s.get('p99', 0):.3f} s."]  # fmt: skip
         if self.server:
             lines += ["", "Server side over the run: " + ", ".join(f"mean {name} {value:.4g}" for name, value in self.server.items()) + "."]
         other = {code: count for code, count in self.codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")}
@@ -159,6 +163,10 @@ class LoadTest:
             issued += 1
         await asyncio.gather(*tasks)
 
+    async def burst(self, stub: pb_grpc.TranslationServiceStub) -> None:
+        """Every call sent at once: admission control answers what the queue cannot hold."""
+        await asyncio.gather(*(self.one(stub) for _ in range(self.args.burst)))
+
     async def progress(self, started: float) -> None:
         while True:
             await asyncio.sleep(self.args.progress_every)
@@ -177,7 +185,10 @@ class LoadTest:
             started = time.perf_counter()
             reporter = asyncio.create_task(self.progress(started))
             try:
-                await (self.open_loop(stub, started) if args.rate else self.closed_loop(stub, started))
+                if args.burst:
+                    await self.burst(stub)
+                else:
+                    await (self.open_loop(stub, started) if args.rate else self.closed_loop(stub, started))
             finally:
                 reporter.cancel()
             elapsed = time.perf_counter() - started
@@ -190,6 +201,8 @@ class LoadTest:
         codes = Counter(outcome.code for outcome in self.outcomes)
         ok = [outcome for outcome in self.outcomes if outcome.code == "OK"]
         mode = f"open loop at {args.rate:g} requests/s" if args.rate else f"closed loop, concurrency {args.concurrency}"
+        if args.burst:
+            mode = f"burst of {args.burst} calls at once"
         return Report(
             mode=mode + (", streaming" if args.stream else ""), target=args.target, duration_s=elapsed, requests=len(self.outcomes),
             requests_per_s=len(ok) / elapsed, tokens_per_s=sum(outcome.tokens for outcome in ok) / elapsed,
@@ -222,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default="127.0.0.1:50051", help="server or balancer host:port")
     parser.add_argument("--concurrency", type=int, default=8, help="closed loop: calls in flight")
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second (instead of --concurrency)")
+    parser.add_argument("--burst", type=int, default=0, help="send this many calls at once, then stop (instead of --concurrency or --rate)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (unless --requests)")
     parser.add_argument("--requests", type=int, default=0, help="stop after this many calls")
     parser.add_argument("--texts", type=Path, default=None, help="one text per line, or a TSV whose first column is used "
@@ -253,8 +267,8 @@ def load_texts(path: Path | None) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
-    if args.concurrency < 1 or args.rate < 0 or (args.duration <= 0 and args.requests <= 0):
-        raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate >= 0, and --duration or --requests positive")
+    if args.concurrency < 1 or args.rate < 0 or args.burst < 0 or (args.duration <= 0 and args.requests <= 0):
+        raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate and --burst >= 0, and --duration or --requests positive")
     report = asyncio.run(LoadTest(args, load_texts(args.texts)).run())
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from export.manifest import ModelDirError
 from export.ort_step import available_providers
+from server.admission import EarlyAdmission
 from server.arrivals import ArrivalClock
 from server.auth import BearerTokenInterceptor
 from server.engine import Engine
@@ -26,7 +27,7 @@ from server.metrics import Metrics
 from server.request_deadline import RequestDeadline
 from server.runtime import Runtime, RuntimeSettings
 from server.scheduler import QueueLimits, Scheduler
-from server.service import SERVICE_NAME, TranslationService
+from server.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
 from server.settings import ServerSettings, parse_settings
 from server.workers import available_cores, plan_workers
 
@@ -83,6 +84,7 @@ class Server:
         settings = self.settings
         # The request deadline comes before the token check, so that refused calls too read their request under it.
         interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals, RequestDeadline(settings.max_deadline_s, self.metrics.answered)]
+        interceptors.insert(1, EarlyAdmission(self.scheduler, QUEUED_METHODS, self.metrics))
         if settings.auth_token:
             interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]

@@ -51,7 +51,8 @@ class Metrics:
         self.generated_tokens = Counter("nmt_generated_tokens", "Tokens chosen by the decoder, beams included.", registry=registry)
         self.queue_depth = Gauge("nmt_queue_depth", "Admitted requests waiting to join the batch.", registry=registry)
         self.active_requests = Gauge("nmt_active_requests", "Requests in the batch.", registry=registry)
-        self.rejected = Counter("nmt_rejected", "Requests refused before admission, by reason.", ["reason"], registry=registry)
+        self.rejected = Counter("nmt_rejected", "Calls refused before admission, by reason; a call counts once, however many texts it holds.",
+                                ["reason"], registry=registry)  # fmt: skip
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).",
                                        registry=registry)  # fmt: skip
         self.model_info = Info("nmt_model", "The served model.", registry=registry)

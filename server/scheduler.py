@@ -36,9 +36,7 @@ class RequestFailed(Exception):
 
 
 class SchedulerObserver(Protocol):
-    """Admission and per-request timings (server/metrics.py implements it); called on any thread."""
-
-    def rejected_for(self, reason: str) -> None: ...
+    """Per-request timings (server/metrics.py implements it); called on any thread. Refusals are counted per call, by the service."""
 
     def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None: ...
 
@@ -122,24 +120,23 @@ class Scheduler:
         self._wakes[index].set()
         return engine, job
 
-    def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:
-        try:
-            self._check_admission(src_ids, deadline)
-        except Rejected as rejected:
-            if self.observer is not None:
-                self.observer.rejected_for(rejected.reason)
-            raise
-
-    def _check_admission(self, src_ids: Sequence[int], deadline: float | None) -> None:
+    def refusal(self) -> Rejected | None:
+        """What any request would meet now, whatever its size (draining, or no place left); cheap, and takes no place."""
         if self.draining:
-            raise Rejected("draining", "server is shutting down")
-        if deadline is not None and time.monotonic() >= deadline:
-            raise Rejected("expired", "deadline passed before admission")
+            return Rejected("draining", "server is shutting down")
+        if self._requests >= self.limits.max_requests:
+            return Rejected("queue_full", f"queue full: {self._requests} requests in flight (limit {self.limits.max_requests})")
+        return None
+
+    def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:
         with self._lock:
-            if self._requests >= self.limits.max_requests:
-                raise Rejected("queue_full", f"queue full: {self._requests} requests in flight (limit {self.limits.max_requests})")
-            if self._tokens + len(src_ids) > self.limits.max_tokens:
-                raise Rejected("queue_tokens", f"queue full: {self._tokens} source tokens in flight (limit {self.limits.max_tokens})")
+            rejected = self.refusal()
+            if rejected is None and deadline is not None and time.monotonic() >= deadline:
+                rejected = Rejected("expired", "deadline passed before admission")
+            if rejected is None and self._tokens + len(src_ids) > self.limits.max_tokens:
+                rejected = Rejected("queue_tokens", f"queue full: {self._tokens} source tokens in flight (limit {self.limits.max_tokens})")
+            if rejected is not None:
+                raise rejected
             self._requests += 1
             self._tokens += len(src_ids)
 

@@ -17,13 +17,15 @@ from protos.nmt.translation.v1 import translation_pb2 as pb
 from server.metrics import Metrics
 from server.requests import InvalidRequest, Limits, RequestReader, Task
 from server.runtime import Runtime
-from server.scheduler import Scheduler
+from server.scheduler import Rejected, Scheduler
 from server.settings import ServerSettings
 from server.status import NotReady, status_for
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name
+# The methods that take a place in the scheduler's queue (server/admission.py refuses them early when it is full).
+QUEUED_METHODS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Translate", "TranslateStream"))
 FINISH_REASONS = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
 REPLACEMENT_CHAR = "\ufffd"  # what a byte-level token that ends mid-character decodes to
 
@@ -98,7 +100,7 @@ class TranslationService:
             code = self._cancel_code(context)
             raise
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
-            code, message = status_for(error)
+            code, message = self._status(error)
             await context.abort(code, message)
         finally:
             self._answered("TranslateStream", code, started)
@@ -126,16 +128,22 @@ class TranslationService:
         try:
             return await work
         except ExceptionGroup as group:  # from the TaskGroup: answer with the first failure
-            code, message = status_for(group.exceptions[0])
+            code, message = self._status(group.exceptions[0])
             await context.abort(code, message)
         except asyncio.CancelledError:
             code = self._cancel_code(context)
             raise  # the client went away or its deadline passed: grpcio reports that itself
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
-            code, message = status_for(error)
+            code, message = self._status(error)
             await context.abort(code, message)
         finally:
             self._answered(method, code, started)
+
+    def _status(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
+        """status_for, and a refused call counted by reason (once per call, however many texts it holds)."""
+        if isinstance(error, Rejected) and self.metrics is not None:
+            self.metrics.rejected_for(error.reason)
+        return status_for(error)
 
     @staticmethod
     def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:

@@ -40,6 +40,17 @@ def test_open_loop_overload_counts_rejections_apart_from_errors(target: RunningS
     assert report["codes"]["OK"] + report["rejected"] == 400
 
 
+def test_burst_reports_refused_and_admitted_latency_apart(target: RunningServer, tmp_path: Path) -> None:
+    out, markdown = tmp_path / "report.json", tmp_path / "report.md"
+    # 60 calls at once against a queue of 4: most are refused, the rest answered.
+    code = loadtest_main(["--target", target.target, "--burst", "60", "--json", str(out), "--markdown", str(markdown), "--texts", str(SAMPLE_TEXTS)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["mode"] == "burst of 60 calls at once" and report["errors"] == 0
+    assert report["codes"]["OK"] + report["rejected"] == 60 and report["rejected"] > 0
+    assert report["rejection_latency_s"]["p50"] <= report["rejection_latency_s"]["p99"] and report["latency_s"]["p99"] > 0
+    assert "Refused (RESOURCE_EXHAUSTED) after: p50" in markdown.read_text()
+
+
 def test_streaming_reports_time_to_first_token(target: RunningServer, tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     assert loadtest_main(["--target", target.target, "--stream", "--requests", "10", "--markdown", str(out), "--texts", str(SAMPLE_TEXTS)]) == 0

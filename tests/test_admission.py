@@ -1,0 +1,48 @@
+"""Calls refused at arrival when the queue is full: before their message is read, counted once per call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.service import SERVICE_NAME
+from tests.raw_http2 import END_HEADERS, HEADERS, call, frame, request_headers
+from tests.serving import RunningServer, scrape_until, server_settings, wait_for
+
+LONG = pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)
+
+
+def test_early_admission_refuses_before_reading_the_message(tiny_model_dir: Path) -> None:
+    settings = server_settings(tiny_model_dir, max_queued_requests=1, max_rows=1, max_deadline_s=30.0)
+    with RunningServer(settings) as server:
+        channel, stub = server.stub()
+        with channel:
+            holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
+            next(holder)  # the one place in the queue is taken
+            # Headers and no message: a call that had to be read first would wait out the 30 s maximum.
+            ending = call(server.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(f"/{SERVICE_NAME}/Translate")), wait_s=10)
+            with pytest.raises(grpc.RpcError, match="queue full") as caught:
+                stub.Translate(pb.TranslateRequest(texts=["Hund"] * 4), timeout=10)
+            holder.cancel()
+        key = ("nmt_rejected_total", (("reason", "queue_full"),))
+        samples = scrape_until(server.server.metrics_port, lambda found: found.get(key, 0) >= 2)
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], ending
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert samples[key] == 2  # calls, not texts: the refused Translate held four
+    assert samples[("nmt_requests_total", (("code", "RESOURCE_EXHAUSTED"), ("method", "Translate")))] == 2
+
+
+def test_early_admission_lets_calls_in_once_a_place_frees(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=1, max_rows=1)) as server:
+        channel, stub = server.stub()
+        with channel:
+            holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
+            next(holder)
+            with pytest.raises(grpc.RpcError, match="queue full"):
+                stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
+            holder.cancel()
+            assert wait_for(lambda: server.server.scheduler.in_flight == 0, 10)
+            assert stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=30).translations
