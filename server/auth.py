@@ -11,7 +11,8 @@ from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
 # Load balancers and orchestrators probe health without credentials; reflection only describes the API.
-OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/")
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # served by server/main.py beside v1alpha
+OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/", f"/{REFLECTION_V1}/")
 
 
 REFUSAL = "missing or wrong bearer token in the authorization metadata"

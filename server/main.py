@@ -14,13 +14,13 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from export.manifest import ModelDirError
 from export.ort_step import available_providers
 from server.admission import EarlyAdmission
 from server.arrivals import ArrivalClock
-from server.auth import BearerTokenInterceptor
+from server.auth import REFLECTION_V1, BearerTokenInterceptor
 from server.engine import Engine
 from server.jobs import EngineLimits
 from server.metrics import Metrics
@@ -91,7 +91,12 @@ class Server:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers([self.service.handler()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        servicer = reflection.aio.ReflectionServicer([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1])
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+        # grpcio-reflection ships v1alpha only; v1 has the same messages under another package name, so the same servicer answers it.
+        v1 = grpc.stream_stream_rpc_method_handler(servicer.ServerReflectionInfo, request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                                                   response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)  # fmt: skip
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1})])
         address = f"{settings.host}:{settings.port}"
         if settings.tls_cert:
             credentials = grpc.ssl_server_credentials([(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())])

@@ -73,6 +73,22 @@ class ServerSettings:
             raise ValueError("invalid settings: " + "; ".join(problems))
 
 
+# What a flag's special values mean, shown by --help after its default (the field comments above say the same).
+MEANINGS = {
+    "port": "0 = any free port (logged, and written to --port-file)",
+    "metrics_port": "0 = any free port (logged); -1 = no endpoint",
+    "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",
+    "join_wait_steps": "a busy batch takes newcomers once join_group wait or the oldest waited this many steps; 0 = every step",
+    "default_deadline_s": "applied when the client sets no deadline",
+    "max_deadline_s": "the longest any call lives: longer client deadlines are cut to it, a request not arrived by then is DEADLINE_EXCEEDED",
+    "engines": "engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU",
+    "threads": "ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines",
+    "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
+    "grace_s": "SIGTERM: in-flight calls get this long to finish",
+    "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
+}
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
@@ -85,8 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=f"model dir (env {env_name(item.name)}; default: the shipped model)")  # fmt: skip
             continue
         kind = type(item.default)
+        meaning = f"; {MEANINGS[item.name]}" if item.name in MEANINGS else ""
         parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=None,
-                            help=f"env {env_name(item.name)}, default {item.default!r}")  # fmt: skip
+                            help=f"env {env_name(item.name)}, default {item.default!r}{meaning}".replace("%", "%%"))  # fmt: skip
 
 
 def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerSettings:

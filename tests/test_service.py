@@ -74,7 +74,21 @@ def test_concurrent_requests_over_two_engines_equal_each_alone(stub, running: Ru
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
         together = list(pool.map(lambda request: stub.Translate(request, timeout=30), requests))
     assert len(engines) == 2 and all(engine.profile.steps > before for engine, before in zip(engines, steps, strict=True))
-    assert together == alone * 4
+    assert_same_responses(together, alone * 4)
+
+
+def assert_same_responses(actual: list[pb.TranslateResponse], expected: list[pb.TranslateResponse]) -> None:
+    """Texts, token counts and finish reasons exactly; scores to 1e-4, as the engine's tests: a row's sums
+    run through matrix kernels that some CPUs block by the call's row count, so its last bits can depend
+    on the rows it shares a step with (seen on an AVX2-only core: -2.97112632 alone, -2.97112656 together)."""
+    def fields(responses: list[pb.TranslateResponse]) -> list[list[tuple[str, int, int]]]:
+        return [[(h.text, h.token_count, h.finish_reason) for t in r.translations for h in t.hypotheses] for r in responses]
+
+    def scores(responses: list[pb.TranslateResponse]) -> list[float]:
+        return [h.score for r in responses for t in r.translations for h in t.hypotheses]
+
+    assert fields(actual) == fields(expected) and [r.model for r in actual] == [r.model for r in expected]
+    assert scores(actual) == pytest.approx(scores(expected), abs=1e-4)
 
 
 def test_stream_deltas_concatenate_to_the_unary_result(stub) -> None:  # type: ignore[no-untyped-def]
@@ -115,7 +129,15 @@ def test_health_serving_and_reflection_lists_the_service(running: RunningServer)
             assert health_stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
         responses = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = {service.name for response in responses for service in response.list_services_response.service}
+        # grpc.reflection.v1 (what current grpcurl and Postman ask first) has the v1alpha messages under another package name.
+        v1 = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                   request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                   response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)  # fmt: skip
+        asked = [reflection_pb2.ServerReflectionRequest(list_services=""), reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE_NAME)]
+        listed, described = list(v1(iter(asked), timeout=10))
     assert SERVICE_NAME in names
+    assert SERVICE_NAME in {service.name for service in listed.list_services_response.service}
+    assert described.file_descriptor_response.file_descriptor_proto and not described.HasField("error_response")
 
 
 # ---------------------------------------------------------------- RELIABILITY rows

@@ -41,3 +41,16 @@ def test_every_field_reads_its_environment_variable_and_flags_win() -> None:
 def test_bad_settings_are_named(argv: list[str], environ: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         parse_settings(argv, environ=environ)
+
+
+def test_help_shows_each_default_and_what_a_special_value_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(["--help"], environ={})
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for flag, meaning in (("--engines", "0 = one per core on a CPU"), ("--threads", "0 = the cores shared out"), ("--max-rows", "0 = 32 on a CPU"),
+                          ("--port", "0 = any free port"), ("--metrics-port", "-1 = no endpoint"), ("--join-wait-steps", "0 = every step")):  # fmt: skip
+        entry = text.split(f"{flag} {flag.lstrip('-').upper().replace('-', '_')} env", 1)[1].split(" --")[0]
+        assert meaning in entry, (flag, entry)
+    for field in dataclasses.fields(ServerSettings):
+        if field.name != "model_dir":
+            assert f"default {field.default!r}" in text, field.name
