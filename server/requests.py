@@ -101,6 +101,14 @@ class RequestReader:
             if len(token_ids) > self.limits.max_source_tokens:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(token_ids)} tokens; "
                                      f"the limit is {self.limits.max_source_tokens} (max_source_tokens)")  # fmt: skip
+            # One rule for the minimum: it may not pass the max in force, given or default (a default max that
+            # cut it short would drop it without a word).
+            longest = search_options.max_length(len(token_ids), self.limits.max_output_tokens)
+            if token_ids and search_options.min_output_tokens > longest:
+                given = ("options.max_output_tokens" if search_options.max_output_tokens is not None else
+                         f"the default max_output_tokens, {search_options.max_len_a:g} x its {len(token_ids)} source tokens + {search_options.max_len_b}")
+                raise InvalidRequest(f"options.min_output_tokens must be at most the max output tokens of {self._name(field, index, len(texts))} "
+                                     f"({longest}: {given}; set options.max_output_tokens), got {search_options.min_output_tokens}")  # fmt: skip
             sources.append(Source(text, token_ids))
         return Task(tuple(sources), search_options)
 

@@ -230,6 +230,18 @@ def test_row10_max_output_tokens_beyond_positions_is_clamped(stub, running: Runn
     assert response.translations[0].hypotheses[0].token_count <= positions
 
 
+def test_row10_min_output_tokens_above_the_default_max_is_refused(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    # "Hund" is a token or two: the default max (1.5 x source tokens + 10) is far below this minimum.
+    minimum = running.server.runtime.config.max_positions - 2
+    code, details = code_of(stub.Translate, texts_request("Ich sehe den Hund.", "Hund", min_output_tokens=minimum), timeout=30)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "texts[0]" in details and "options.min_output_tokens" in details and "max_output_tokens" in details
+    code, details = code_of(stub.TranslateStream, pb.TranslateStreamRequest(text="Hund", options=pb.DecodingOptions(min_output_tokens=minimum)), timeout=30)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "options.min_output_tokens" in details
+    # The same minimum with a max that holds it is honoured.
+    response = stub.Translate(texts_request("Hund", min_output_tokens=minimum, max_output_tokens=minimum), timeout=60)
+    assert response.translations[0].hypotheses[0].token_count == minimum
+
+
 def test_row11_too_many_texts_names_the_cap(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, texts_request(*(["Hund"] * 10_000)))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_texts" in details and str(running.server.settings.max_texts) in details
