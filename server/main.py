@@ -152,6 +152,10 @@ class Server:
         while self.arrivals.quiet_for() < DRAIN_QUIET_S and loop.time() < quiet_until:
             await asyncio.sleep(DRAIN_QUIET_S / 5)
         logger.info("stopping the gRPC server; last call arrived %.3f s ago", self.arrivals.quiet_for())
+        cut_off = self.service.calls_running if loop.time() >= deadline else 0
+        if cut_off:
+            self.metrics.cut_off.inc(cut_off)
+            logger.warning("grace period of %.3g s over: %d call(s) still running cut off", self.settings.grace_s, cut_off)
         await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
         if self._metrics_server is not None:

@@ -53,6 +53,8 @@ class Metrics:
         self.active_requests = Gauge("nmt_active_requests", "Requests in the batch.", registry=registry)
         self.rejected = Counter("nmt_rejected", "Calls refused before admission, by reason; a call counts once, however many texts it holds.",
                                 ["reason"], registry=registry)  # fmt: skip
+        self.cut_off = Counter("nmt_cut_off_calls", "Calls still running when the SIGTERM grace period ended; the server stopped under them.",
+                               registry=registry)  # fmt: skip
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).",
                                        registry=registry)  # fmt: skip
         self.model_info = Info("nmt_model", "The served model.", registry=registry)

@@ -56,6 +56,7 @@ class TranslationService:
         self.tokenizer = runtime.tokenizer
         self.limits = Limits.from_settings(settings, runtime.config.max_positions)
         self.reader = RequestReader(runtime.tokenizer, self.limits, runtime.manifest.model_name)
+        self.calls_running = 0  # Translate and TranslateStream handlers not yet answered (the drain reports those it cuts off)
 
     # ------------------------------------------------------------ RPCs
 
@@ -70,10 +71,15 @@ class TranslationService:
             translations = [pb.Translation(hypotheses=[self._hypothesis(h) for h in nbest]) for nbest in nbests]
             return pb.TranslateResponse(translations=translations, model=self.reader.model_name)
 
-        return await self._guard("Translate", context, answer())
+        self.calls_running += 1
+        try:
+            return await self._guard("Translate", context, answer())
+        finally:
+            self.calls_running -= 1
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest | Unparsable, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TranslateStreamResponse]:
         started, code = time.perf_counter(), grpc.StatusCode.OK
+        self.calls_running += 1
         try:
             task = self.reader.stream(self._parsed(request))
             source = task.sources[0]
@@ -103,6 +109,7 @@ class TranslationService:
             code, message = self._status(error)
             await context.abort(code, message)
         finally:
+            self.calls_running -= 1
             self._answered("TranslateStream", code, started)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.ModelInfo:

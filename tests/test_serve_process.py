@@ -112,6 +112,29 @@ def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_di
         assert time.monotonic() - started >= DRAIN_QUIET_MAX_S
 
 
+def test_row17_calls_cut_off_at_the_end_of_the_grace_period_are_logged_and_counted(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
+    with RunningServer(server_settings(tiny_model_dir, grace_s=0.1)) as running:
+        decoder = running.server.runtime.decoder
+        run = decoder.run_with_iobinding
+
+        def slow_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(0.05)  # 90 steps: 4.5 s, far past the 0.1 s grace period
+            return run(*args, **kwargs)
+
+        decoder.run_with_iobinding = slow_run  # type: ignore[method-assign]
+        channel, stub = running.stub()
+        with channel:
+            call = stub.Translate.future(request, timeout=60)
+            assert wait_for(lambda: running.server.scheduler.in_flight > 0, 10)
+            running.server.request_stop()
+            assert wait_for(lambda: not running.is_running(), 20)
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=10)
+    assert "1 call(s) still running cut off" in caplog.text
+    assert "nmt_cut_off_calls_total 1.0" in running.server.metrics.exposition()
+
+
 def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "model"
     shutil.copytree(model_dir, copy)
