@@ -30,5 +30,6 @@ def build_random_checkpoint(out: Path, seed: int = 0) -> tuple[Path, dict[str, P
     model_dirs = {}
     for precision in ("fp32", "int8"):
         model_dirs[precision] = out / f"onnx-{precision}"
-        export_model_dir(out, model_dirs[precision], precision, "base-random", "random")
+        texts = [" ".join(f"t{index}" for index in range(start, start + 12)) for start in range(10, 90, 10)]
+        export_model_dir(out, model_dirs[precision], precision, "base-random", "random", texts)
     return out, model_dirs

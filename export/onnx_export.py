@@ -20,6 +20,8 @@ from export.decoder_graph import build_decoder_graph
 from export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from export.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
 from export.optimize import convert_precision
+from export.ort_step import OrtStep
+from export.self_check import SELF_CHECK_FILE, write_reference
 from model.checkpoint import TOKENIZER_FILE, load_checkpoint
 from model.transformer import Transformer
 
@@ -80,8 +82,10 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int) -> 
     return timings
 
 
-def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str, version: str, opset: int = DEFAULT_OPSET) -> Manifest:
-    """The export pipeline: load, export, convert precision, check, write manifest. Parity is separate."""
+def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str, version: str, check_texts: Sequence[str],
+                     opset: int = DEFAULT_OPSET) -> Manifest:  # fmt: skip
+    """The export pipeline: load, export, convert precision, check, write manifest and the host self-check's
+    reference (`check_texts`: its source sentences). Parity is separate."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     checkpoint = load_checkpoint(checkpoint_dir)
@@ -96,7 +100,11 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                     "checkpoint": str(checkpoint_dir), "export_seconds": timings},
     )  # fmt: skip
-    manifest = write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE])
+    files = [ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE]
+    manifest = write_manifest(out, manifest, files)
+    step = OrtStep(out)
+    write_reference(out, step.encode, step, step.cache, checkpoint.config, precision, checkpoint.tokenizer.encode_batch(list(check_texts)))
+    manifest = write_manifest(out, manifest, [*files, SELF_CHECK_FILE])
     logger.info("exported %s (%s) in %.1f s: %s", out, precision, sum(timings.values()), file_sizes(out))
     return manifest
 
@@ -120,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from export.parity import run_parity  # imported late: parity pulls in sacrebleu
+    from export.parity import random_pairs, run_parity  # imported late: parity pulls in sacrebleu
+    from model.corpus import read_tsv
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
@@ -128,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.name or args.checkpoint.resolve().name
     # The weights are the best validation step's, not the run's last step.
     version = args.version or f"step-{info.get('best', {}).get('step', info.get('steps', 0))}"
-    export_model_dir(args.checkpoint, args.out, args.precision, name, version, args.opset)
+    pairs = read_tsv(str(args.parity_test)) if args.parity_test else random_pairs(32)
+    export_model_dir(args.checkpoint, args.out, args.precision, name, version, [source for source, _ in pairs], args.opset)
     if not args.no_parity:
         run_parity(args.out, args.checkpoint, args.parity_test, args.parity_limit)
     return 0

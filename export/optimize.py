@@ -25,24 +25,60 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     onnx.save(model.model, str(target))
 
 
-def convert_to_int8(source: Path, target: Path) -> None:
+INT8_SCHEMES = ("u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32")
+DEFAULT_INT8_SCHEME = INT8_SCHEMES[0]
+OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
+
+
+def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEME) -> None:
     """Dynamic int8 quantization of MatMul weights (per channel) and of the embedding Gather.
 
+    Activations are quantized per call to uint8 (except w8-fp32). The schemes differ in the weights:
+    - u8s8-reduce-range (the default): 7-bit signed weights. x86 kernels without VNNI add pairs of
+      u8 x s8 products in saturating 16-bit lanes; with 7 bits a pair is at most 2 x 255 x 64 = 32640,
+      under the lane's 32767, so the products are exact on AVX2, AVX-512 and VNNI alike, and the
+      fast u8s8 kernels (VNNI's included) still run.
+    - u8u8: 8-bit unsigned weights, multiplied in 16-bit lanes that accumulate in 32 bits: exact
+      everywhere too, but 5-34% fewer tokens/s on an AVX2 core and off the VNNI kernels.
+    - u8s8: 8-bit signed weights: exact on VNNI, saturating without it, so a model dir's outputs
+      depend on the CPU (on an AVX2-only core 75% of held-out greedy outputs equal fp32's, against 83-84%
+      for the exact schemes).
+    - u8s8-fp32-logits: u8s8 with the vocabulary projection left in fp32.
+    - w8-fp32: 8-bit weights in blocks of 32 (MatMulNBits), dequantized and multiplied in fp32:
+      exact everywhere and the closest to fp32, but 1.7-9x slower than fp32 on ONNX Runtime's CPU kernels.
+    bench/results/int8_schemes.md has the measurements (nmt-int8-schemes).
+
     Pre-processing first: without it the tied output projection (a transposed embedding) stays
-    fp32 and int8 gives no speed-up (measured, shared/ONNX-NOTES.md). Quantizing the embedding
-    Gather too halves the dirs (24.9 -> 12.6 MB for the default model) at the same step time;
-    parity on the held-out test moved from 84.1% / 81.8% identical (greedy / beam 4) to 82.5% /
-    78.3%, BLEU delta -0.19 / +0.17.
+    fp32 and int8 gives no speed-up. Quantizing the embedding Gather too halves the dirs
+    (24.9 -> 12.6 MB for the default model) at the same step time.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    if scheme not in INT8_SCHEMES:
+        raise ValueError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got {scheme!r}")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        op_types = ["MatMul", "Gemm", "Gather"]
+        if scheme == "w8-fp32":
+            quantize_weights_blockwise(prepared, prepared)
+            op_types = ["Gather"]
+        weight_type = QuantType.QUInt8 if scheme == "u8u8" else QuantType.QInt8
+        excluded = [OUTPUT_PROJECTION] if scheme == "u8s8-fp32-logits" else []
         # Shape inference knows nothing of the contrib attention ops' outputs: they are float.
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
+        quantize_dynamic(str(prepared), str(target), weight_type=weight_type, per_channel=True, op_types_to_quantize=op_types,
+                         reduce_range=scheme == "u8s8-reduce-range", nodes_to_exclude=excluded,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
+
+
+def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32) -> None:
+    """MatMul weights to symmetric 8-bit blocks (MatMulNBits); activations stay fp32."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=block_size, is_symmetric=True)
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(target))
 
 
 def convert_precision(source: Path, target: Path, precision: str) -> None:

@@ -59,9 +59,13 @@ class OrtStep:
         self.cross: list[np.ndarray] = []
         self.src_mask = np.zeros((0, 0), dtype=bool)
 
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> list[np.ndarray]:
+        """(N, S) ids and mask -> cross K/V per layer, flat [key_0, value_0, key_1, ...]."""
+        return self.encoder.run(self.cross_names, {"src_ids": src_ids, "src_mask": src_mask})
+
     def begin(self, src_ids: Sequence[Sequence[int]]) -> None:
         ids, self.src_mask = pad_sources(src_ids, self.config.pad_id, self.config.eos_id)
-        self.cross = self.encoder.run(self.cross_names, {"src_ids": ids, "src_mask": self.src_mask})
+        self.cross = self.encode(ids, self.src_mask)
         self.cache.reset()
 
     def __call__(self, source_index: np.ndarray, parent_rows: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:

@@ -1,8 +1,7 @@
-"""nmt-parity: the ONNX model dir against the PyTorch checkpoint at three levels: tensors, tokens, text."""
+"""Parity of an ONNX model dir against the PyTorch checkpoint at three levels: tensors, tokens, text (nmt-parity --checkpoint)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from export.host import cpu_facts, describe_cpu
 from export.manifest import update_parity
 from export.ort_step import OrtStep
 from model.checkpoint import load_checkpoint
@@ -118,6 +118,7 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
     report: dict[str, Any] = {
         "precision": ort_step.manifest.precision,
         "provider": ort_step.decoder.get_providers()[0],
+        "cpu": cpu_facts(),  # int8 results depend on the CPU's instruction sets (export/host.py)
         "test": str(test) if test else "random sentences (no references)",
         "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
         "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),
@@ -131,7 +132,7 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
 def format_report(report: dict[str, Any]) -> str:
     tensors = report["tensors"]
     lines = [
-        f"parity {report['precision']} on {report['provider']} ({report['test']})",
+        f"parity {report['precision']} on {report['provider']}, {describe_cpu(report['cpu'])} ({report['test']})",
         "",
         "| level | check | value |",
         "|---|---|---|",
@@ -142,23 +143,3 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"| tokens | {name}: identical token ids | {result['identical_tokens']}/{result['sentences']} ({100 * result['identical_ratio']:.1f}%) |")
         lines.append(f"| text | {name}: BLEU torch / onnx (delta) | {result['bleu_torch']:.2f} / {result['bleu_onnx']:.2f} ({result['bleu_delta']:+.2f}) |")
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nmt-parity", description=__doc__)
-    parser.add_argument("model_dir", type=Path, help="exported model dir (manifest.json, encoder.onnx, decoder.onnx)")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint dir it was exported from")
-    parser.add_argument("--test", type=Path, help="TSV of German<TAB>English pairs (default: random sentences, no BLEU)")
-    parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    run_parity(args.model_dir, args.checkpoint, args.test, args.limit)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

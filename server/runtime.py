@@ -11,6 +11,7 @@ import numpy as np
 
 from export.manifest import Manifest, load_model_dir
 from export.ort_step import available_providers, make_session
+from export.self_check import SELF_CHECK_FILE, SelfCheckResult, check_host, load_reference
 from export.step_cache import StepCache
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer
@@ -67,3 +68,12 @@ class Runtime:
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)
         return seconds
+
+    def self_check(self) -> SelfCheckResult | None:
+        """The model dir's stored reference through these sessions (export/self_check.py); None when the dir
+        has none. Raises SelfCheckError, naming the file, when the reference is unusable."""
+        reference = load_reference(self.model_dir, self.config)
+        if reference is None:
+            logger.warning("%s has no %s: this host's results are not checked against the exporting host's", self.model_dir, SELF_CHECK_FILE)
+            return None
+        return check_host(self.model_dir, reference, self.encode, self.new_step_cache(), self.config)

@@ -10,6 +10,7 @@ import pytest
 
 from export.manifest import load_model_dir
 from export.ort_step import OrtStep
+from export.self_check import check_host, load_reference
 from model.search import SearchOptions, generate
 from model.tokenizer import Tokenizer
 
@@ -54,9 +55,19 @@ def test_default_model_dirs_carry_parity_on_the_held_out_test() -> None:
     int8 = load_model_dir(MODEL_DIRS["int8"]).parity
     for name in ("greedy", "beam4"):
         assert abs(int8["search"][name]["bleu_delta"]) <= 0.5
-        # A regression floor, not the target: the issue asks >= 97% identical greedy outputs; the
-        # current (6 BLEU, low-confidence) model reaches 84.1%, so near-ties flip under int8.
+        # A regression floor: with 7-bit weights 83.1% / 81.8% of the held-out outputs (greedy / beam 4)
+        # equal fp32's; this low-confidence model has many near-ties, which int8 flips.
         assert int8["search"][name]["identical_ratio"] >= 0.80
+    assert set(int8["cpu"]) == {"vendor", "model_name", "features"}
+
+
+@pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
+def test_default_model_dir_self_check_passes_on_this_host(precision: str) -> None:
+    """The check nmt-serve runs at start: this host's kernels give the shipped reference's log-probs within
+    the precision's bound (int8's integer products are exact on every x86 CPU, tests/test_int8.py)."""
+    step = OrtStep(MODEL_DIRS[precision])
+    result = check_host(MODEL_DIRS[precision], load_reference(MODEL_DIRS[precision], step.config), step.encode, step.cache, step.config)
+    assert result.passed, result.describe()
 
 
 @pytest.mark.skipif(not DING.exists(), reason="needs the Debian package trans-de-en for the held-out test set")

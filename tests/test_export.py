@@ -43,7 +43,7 @@ def begin_both(model_dir: Path, checkpoint: Path, sources: list[list[int]]) -> t
 def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     manifest = load_model_dir(fp32_dir)
     assert manifest.precision == "fp32"
-    assert set(manifest.files) == {"encoder.onnx", "decoder.onnx", "tokenizer.json"}
+    assert set(manifest.files) == {"encoder.onnx", "decoder.onnx", "tokenizer.json", "self_check.json"}
     for name in ("encoder.onnx", "decoder.onnx"):
         onnx.checker.check_model(str(fp32_dir / name))
     decoder_inputs = manifest.input_names("decoder")
@@ -229,7 +229,13 @@ def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) ->
         assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in graph.initializer)
         # fp32 in and out, so the caller never handles fp16 (token ids stay int64)
         assert {spec.dtype for spec in manifest.graph("decoder").outputs if spec.name != "candidate_ids"} == {"float32"}
-    assert manifest.parity["tensors"]["max_abs_log_prob_diff"] < 0.1
+    # int8: every integer product is exact on any x86 CPU (tests/test_int8.py), so the difference from
+    # fp32 is the quantization error of 7-bit weights and 8-bit activations on this model, the same on
+    # every CPU but where fp32 rounding moves an activation across a quantization step: 0.106 measured,
+    # bound at 0.25. Kernels that saturate (8-bit u8s8 without VNNI) gave 1.2 here. fp16: rounding of
+    # 11-bit mantissas, 5e-3 measured, bound at 0.1.
+    bound = 0.25 if manifest.precision == "int8" else 0.1
+    assert manifest.parity["tensors"]["max_abs_log_prob_diff"] < bound
     search = manifest.parity["search"]
     assert {"greedy", "beam4"} <= set(search)
     assert 0.0 <= search["greedy"]["identical_ratio"] <= 1.0

@@ -1,0 +1,74 @@
+"""int8 schemes: the shipped scheme's MatMuls are exact integer arithmetic on this host, whatever its instruction sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export.optimize import INT8_SCHEMES, convert_to_int8
+from export.ort_step import make_session
+
+ROWS, DEPTH, COLUMNS = 8, 64, 16
+
+
+def one_matmul_model(path: Path, weight: np.ndarray) -> None:
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["y"], name="matmul")], "one_matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", weight.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", weight.shape[1]])],
+                              [numpy_helper.from_array(weight, "weight")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+
+
+def quantized_weight(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The quantized weight, its per-column scales and zero points, as the converter stored them."""
+    initializers = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(path)).graph.initializer}
+    return initializers["weight_quantized"], initializers["weight_scale"], initializers["weight_zero_point"]
+
+
+def test_int8_default_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Path) -> None:
+    """The activations sit on the quantization grid (scale 1, zero point 3), so the quantized product is
+    an exact integer sum; the kernel must return it times the weight scales. The inputs are the ones
+    that make kernels adding pairs of u8 x s8 products in saturating 16-bit lanes wrong with 8-bit
+    weights: activations near 255 and weights of one sign per column (2 x 255 x 127 > 32767). Only the
+    two fp32 multiplies by the scales round, so the bound is a few units in the last place (1e-6 relative)."""
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(0.5, 1.0, size=(DEPTH, COLUMNS)).astype(np.float32)
+    weight[:, ::2] *= -1
+    one_matmul_model(tmp_path / "fp32.onnx", weight)
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    quantized, scales, zero_points = quantized_weight(tmp_path / "int8.onnx")
+    assert quantized.dtype == np.int8 and np.abs(quantized.astype(np.int64) - zero_points).max() <= 64  # 7-bit signed weights
+    activations = rng.integers(200, 256, size=(ROWS, DEPTH))
+    activations[:, 0] = 0  # the grid's low end: min(x) = -3, max(x) = 252, so scale = 255 / 255 = 1
+    x = (activations - 3).astype(np.float32)
+    x[:, 1] = 252
+    exact = (x.astype(np.int64) @ (quantized.astype(np.int64) - zero_points.astype(np.int64))) * scales.astype(np.float64)
+    y = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(y - exact).max() <= 1e-6 * np.abs(exact).max()
+    # and the quantization itself is close to the fp32 product (8-bit weights: ~1/255 of a column's range)
+    assert np.abs(y - x @ weight).max() <= 0.01 * np.abs(x @ weight).max()
+
+
+def test_int8_unknown_scheme_refused(tmp_path: Path) -> None:
+    one_matmul_model(tmp_path / "fp32.onnx", np.ones((DEPTH, COLUMNS), dtype=np.float32))
+    with pytest.raises(ValueError, match=f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got 's4'"):
+        convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "s4")
+
+
+@pytest.mark.parametrize("scheme", ["u8s8-reduce-range", "u8u8", "w8-fp32"])
+def test_int8_saturation_free_schemes_stay_close_to_fp32(tmp_path: Path, scheme: str) -> None:
+    """The schemes that cannot saturate on any CPU (7-bit weights: 2 x 255 x 64 < 32767; u8u8 sums in
+    32 bits; w8-fp32 multiplies in fp32) err on normal inputs by quantization alone: within 5% of the
+    largest output. u8s8 is left out: on CPUs without VNNI it misses this bound on these very inputs
+    (pairs of products near 128 x 127 saturate), which is why it is not the default."""
+    rng = np.random.default_rng(1)
+    weight = rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32)
+    one_matmul_model(tmp_path / "fp32.onnx", weight)
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", scheme)
+    x = rng.normal(size=(ROWS, DEPTH)).astype(np.float32)
+    y = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(y - x @ weight).max() <= 0.05 * np.abs(x @ weight).max()
