@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from export.manifest import ModelDirError
 from export.ort_step import available_providers
+from export.self_check import SelfCheckError
 from server.admission import EarlyAdmission
 from server.arrivals import ArrivalClock
 from server.auth import REFLECTION_V1, BearerTokenInterceptor
@@ -40,6 +41,26 @@ DRAIN_QUIET_S = 0.05
 DRAIN_QUIET_MAX_S = 2.0
 
 
+class HostCheckRefused(RuntimeError):
+    """This host's results differ from the exporting host's beyond the model dir's bound."""
+
+
+def check_this_host(runtime: Runtime, mode: str, metrics: Metrics) -> None:
+    """The start-up self-check (export/self_check.py) in `mode` (ServerSettings.self_check); raises
+    HostCheckRefused, naming the file and the figures, when it fails under `refuse`."""
+    if mode == "off":
+        logger.warning("self-check off: this host's results are not compared with the exporting host's")
+        return
+    result = runtime.self_check()
+    if result is None:
+        return
+    metrics.checked_host(result.max_log_prob_diff, result.bound)
+    if not result.passed and mode == "refuse":
+        raise HostCheckRefused(f"{result.describe()} (--self-check warn serves anyway)")
+    if not result.passed:
+        logger.warning("serving although the self-check failed (--self-check warn)")
+
+
 class Server:
     """One process: runtime, engine workers, gRPC server; `run` returns when a drain has finished."""
 
@@ -50,6 +71,7 @@ class Server:
         self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=plan.threads,
                                                                        warmup_rows=min(plan.max_rows, 64)))  # fmt: skip
         self.metrics = Metrics()
+        check_this_host(self.runtime, settings.self_check, self.metrics)
         limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                               join_group=settings.join_group)  # fmt: skip
         # The engines share the runtime's sessions (ONNX Runtime runs calls from several threads); each has its own caches.
@@ -173,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = Server(settings)
-    except (ModelDirError, FileNotFoundError) as error:
+    except (ModelDirError, FileNotFoundError, SelfCheckError, HostCheckRefused) as error:
         logger.error("cannot serve %s: %s", settings.model_dir, error)
         return 1
     except Exception as error:  # an ONNX Runtime load failure names the file inside its message

@@ -58,11 +58,20 @@ class Metrics:
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).",
                                        registry=registry)  # fmt: skip
         self.model_info = Info("nmt_model", "The served model.", registry=registry)
+        self.self_check_diff = Gauge("nmt_self_check_max_log_prob_diff", "Largest |log-prob difference| of the model dir's self-check "
+                                     "references on this host at start, against the exporting host's (-1: not checked).", registry=registry)
+        self.self_check_bound = Gauge("nmt_self_check_bound", "The model dir's bound on nmt_self_check_max_log_prob_diff (-1: not checked).",
+                                      registry=registry)  # fmt: skip
+        self.checked_host(-1.0, -1.0)
 
     # ------------------------------------------------------------ observer calls (engine, scheduler)
 
     def describe_model(self, model: str, version: str, precision: str, provider: str) -> None:
         self.model_info.info({"model": model, "version": version, "precision": precision, "provider": provider})
+
+    def checked_host(self, max_log_prob_diff: float, bound: float) -> None:
+        self.self_check_diff.set(max_log_prob_diff)
+        self.self_check_bound.set(bound)
 
     def watch_queue(self, depth: Callable[[], float], active: Callable[[], float]) -> None:
         """Gauges read at scrape time, so the engine thread never touches them."""

@@ -42,6 +42,7 @@ class Runtime:
         self.cross_names = list(self.manifest.output_names("encoder"))
         self.settings = settings
         self.ready = False
+        self.host_check: SelfCheckResult | None = None  # set by self_check
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> list[np.ndarray]:
         """(N, S) ids and mask -> cross K/V per layer, flat [key_0, value_0, key_1, ...], each (N, H, S, Dh)."""
@@ -76,4 +77,5 @@ class Runtime:
         if reference is None:
             logger.warning("%s has no %s: this host's results are not checked against the exporting host's", self.model_dir, SELF_CHECK_FILE)
             return None
-        return check_host(self.model_dir, reference, self.encode, self.new_step_cache(), self.config)
+        self.host_check = check_host(self.model_dir, reference, self.encode, self.new_step_cache(), self.config)
+        return self.host_check

@@ -122,9 +122,13 @@ class TranslationService:
                 max_beam_size=self.limits.max_beam_size, max_message_bytes=settings.max_message_bytes,
                 max_queued_requests=settings.max_queued_requests, default_deadline_seconds=settings.default_deadline_s,
             )  # fmt: skip
+            checked = self.runtime.host_check
+            host_check = pb.HostCheck() if checked is None else pb.HostCheck(
+                checked=True, max_log_prob_diff=checked.max_log_prob_diff, bound=checked.bound, exported_on=checked.reference_cpu,
+                checked_on=checked.cpu)  # fmt: skip
             return pb.ModelInfo(name=manifest.model_name, version=manifest.model_version, source_language=manifest.source_language,
                                 target_language=manifest.target_language, precision=manifest.precision,
-                                execution_provider=self.runtime.provider, limits=limits)  # fmt: skip
+                                execution_provider=self.runtime.provider, limits=limits, host_check=host_check)  # fmt: skip
 
         return await self._guard("GetModelInfo", context, answer())
 

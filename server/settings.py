@@ -11,6 +11,7 @@ from pathlib import Path
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
+SELF_CHECK_MODES = ("refuse", "warn", "off")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class ServerSettings:
     tls_key: str = ""
     auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
     log_level: str = "INFO"
+    # At start, this host's log-probs of the model dir's self_check.json against the exporting host's
+    # (export/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
+    self_check: str = "refuse"
 
     def validate(self) -> None:
         problems = []
@@ -67,6 +71,8 @@ class ServerSettings:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
+        if self.self_check not in SELF_CHECK_MODES:
+            problems.append(f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("tls_cert and tls_key must be given together")
         if problems:
@@ -86,6 +92,8 @@ MEANINGS = {
     "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
     "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
+    "self_check": "this host's log-probs of the model dir's self_check.json against the exporting host's, at start: "
+                  "refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip",
 }
 
 

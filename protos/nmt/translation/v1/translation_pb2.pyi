@@ -117,7 +117,7 @@ class Limits(_message.Message):
     def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits")
+    __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits", "host_check")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class ModelInfo(_message.Message):
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CHECK_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     source_language: str
@@ -132,4 +133,19 @@ class ModelInfo(_message.Message):
     precision: str
     execution_provider: str
     limits: Limits
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., precision: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+    host_check: HostCheck
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., precision: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., host_check: _Optional[_Union[HostCheck, _Mapping]] = ...) -> None: ...
+
+class HostCheck(_message.Message):
+    __slots__ = ("checked", "max_log_prob_diff", "bound", "exported_on", "checked_on")
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOG_PROB_DIFF_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_ON_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_ON_FIELD_NUMBER: _ClassVar[int]
+    checked: bool
+    max_log_prob_diff: float
+    bound: float
+    exported_on: str
+    checked_on: str
+    def __init__(self, checked: _Optional[bool] = ..., max_log_prob_diff: _Optional[float] = ..., bound: _Optional[float] = ..., exported_on: _Optional[str] = ..., checked_on: _Optional[str] = ...) -> None: ...

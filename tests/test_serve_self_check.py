@@ -1,0 +1,80 @@
+"""nmt-serve's start-up self-check: passes and is reported (GetModelInfo, metrics); beyond the bound it refuses, unless told to warn."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from export.manifest import load_model_dir, write_manifest
+from export.self_check import SELF_CHECK_FILE
+from protos.nmt.translation.v1 import translation_pb2 as pb
+from server.main import main as serve_main
+from tests.serving import RunningServer, scrape, server_settings
+
+
+def shifted_copy(model_dir: Path, tmp_path: Path, shift: float) -> Path:
+    """A copy whose reference's first log-prob is moved by `shift`, hashes made to match (a host that differs by it)."""
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    reference = json.loads((copy / SELF_CHECK_FILE).read_text(encoding="utf-8"))
+    reference["sentences"][0]["log_probs"][0] += shift
+    (copy / SELF_CHECK_FILE).write_text(json.dumps(reference), encoding="utf-8")
+    manifest = load_model_dir(copy, verify_hashes=False)
+    write_manifest(copy, dataclasses.replace(manifest, files={}), list(manifest.files))
+    return copy
+
+
+def test_serve_self_check_reported_in_model_info_and_metrics(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir)) as running:
+        channel, stub = running.stub()
+        with channel:
+            check = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check
+        samples = scrape(running.server.metrics_port)
+    assert check.checked and check.bound == 1e-3 and 0.0 <= check.max_log_prob_diff <= 1e-5
+    assert check.exported_on == check.checked_on != ""
+    assert samples[("nmt_self_check_max_log_prob_diff", ())] == pytest.approx(check.max_log_prob_diff)
+    assert samples[("nmt_self_check_bound", ())] == 1e-3
+
+
+def test_serve_refuses_a_host_beyond_the_bound_naming_file_and_figure(tiny_model_dir: Path, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    doctored = shifted_copy(tiny_model_dir, tmp_path, 0.01)
+    with caplog.at_level(logging.ERROR):
+        assert serve_main([str(doctored), "--port", "0", "--metrics-port", "-1", "--threads", "1"]) == 1
+    message = caplog.text
+    assert f"{doctored / SELF_CHECK_FILE}: max |log-prob diff| 1.00e-02" in message
+    assert "BEYOND the bound 0.001" in message and "--self-check warn serves anyway" in message
+
+
+def test_serve_self_check_warn_serves_and_reports_the_failure(tiny_model_dir: Path, tmp_path: Path) -> None:
+    doctored = shifted_copy(tiny_model_dir, tmp_path, 0.01)
+    with RunningServer(server_settings(doctored, self_check="warn")) as running:
+        channel, stub = running.stub()
+        with channel:
+            check = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check
+            assert stub.Translate(pb.TranslateRequest(texts=["ich sehe den hund."]), timeout=20).translations[0].hypotheses
+    assert check.checked and check.max_log_prob_diff == pytest.approx(0.01, abs=1e-5) and check.max_log_prob_diff > check.bound
+
+
+def test_serve_self_check_off_and_missing_reference_are_not_checked(tiny_model_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "no-reference"
+    shutil.copytree(tiny_model_dir, copy)
+    manifest = load_model_dir(copy)
+    write_manifest(copy, dataclasses.replace(manifest, files={}), [name for name in manifest.files if name != SELF_CHECK_FILE])
+    (copy / SELF_CHECK_FILE).unlink()
+    for model_dir, mode in ((copy, "refuse"), (tiny_model_dir, "off")):
+        with RunningServer(server_settings(model_dir, self_check=mode)) as running:
+            channel, stub = running.stub()
+            with channel:
+                assert not stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check.checked
+            assert scrape(running.server.metrics_port)[("nmt_self_check_max_log_prob_diff", ())] == -1
+
+
+def test_serve_self_check_mode_validated() -> None:
+    with pytest.raises(ValueError, match="self_check must be one of refuse, warn, off, got 'maybe'"):
+        server_settings(Path("unused"), self_check="maybe").validate()
