@@ -20,7 +20,6 @@ from typing import Any
 from bench.engine_bench import sample_sources, time_cells
 from bench.report import write_report
 from bench.systems import Cell, EngineSystem
-from export.host import cpu_facts, describe_cpu
 from export.manifest import TOKENIZER_FILE, load_model_dir, write_manifest
 from export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_spec
 from export.optimize import INT8_SCHEMES, convert_to_int8
@@ -127,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = measure_schemes(args.checkpoint, args.fp32_dir or args.checkpoint / "onnx-fp32", args.schemes.split(","), args.test, args.limit, Path(tmp))
         speed = measure_speed(results, args.checkpoint, args.test, cells, args.repeats)
         table = format_tables(results, speed, cells, len(read_tsv(str(args.test))[: args.limit or None]))
-    write_report("int8 schemes", "nmt-int8-schemes", argv, [f"CPU: {describe_cpu(cpu_facts())}.", table], args.out)
+    write_report("int8 schemes", "nmt-int8-schemes", argv, [table], args.out)
     return 0
 
 

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from export.host import cpu_facts, describe_cpu
+
 
 def write_report(title: str, program: str, argv: Sequence[str] | None, sections: Sequence[str], out: Path) -> str:
     """Writes `out` and echoes it to stdout; `argv` None means this process's own arguments."""
     command = program + " " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
-    report = f"# {title}\n\nProduced by `{command.strip()}` on {time.strftime('%Y-%m-%d')}.\n\n" + "\n\n".join(sections) + "\n"
+    report = (f"# {title}\n\nProduced by `{command.strip()}` on {time.strftime('%Y-%m-%d')} at commit {commit()}, "
+              f"on {describe_cpu(cpu_facts())}.\n\n" + "\n\n".join(sections) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report, encoding="utf-8")
     sys.stdout.write(report)
     return report
+
+
+def commit() -> str:
+    """The checkout's commit (short hash, "+changes" when the tree differs from it), or "unknown" outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from bench.balancer import NGINX
 from bench.engine_bench import format_table, time_cells
 from bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
+from bench.report import write_report
 from bench.systems import Cell, EngineSystem, TorchSystem
+from export.host import cpu_facts, describe_cpu
 from model.search import SearchOptions
 
 SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
@@ -196,3 +199,11 @@ def test_join_policy_table_has_a_row_per_wait_and_one_for_static(tiny_model_dir:
     rows = [line for line in table.splitlines() if line.startswith("| 200 |")]
     assert [row.split("|")[2].strip() for row in rows] == ["continuous, joins wait up to 0 steps", "continuous, joins wait up to 3 steps", "static"]
     assert all(float(row.split("|")[3]) > 0 for row in rows)  # engine time per request was measured
+
+
+def test_report_names_the_command_commit_and_cpu(tmp_path: Path) -> None:
+    text = write_report("Title", "nmt-x", ["--flag", "a b"], ["section one", "section two"], tmp_path / "out.md")
+    first = text.splitlines()[2]
+    assert first.startswith("Produced by `nmt-x --flag 'a b'` on ") and f"on {describe_cpu(cpu_facts())}." in first
+    assert re.search(r"at commit ([0-9a-f]{7,}(\+changes)?|unknown),", first)
+    assert text.endswith("section one\n\nsection two\n") and (tmp_path / "out.md").read_text(encoding="utf-8") == text
