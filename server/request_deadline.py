@@ -63,6 +63,12 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             wait_s = self.max_wait_s if remaining is None else min(remaining, self.max_wait_s)
             try:
                 request = await asyncio.wait_for(context.read(), wait_s)
+            except asyncio.CancelledError:
+                # The client cancelled, or grpc core ended the call itself before its message (an unknown
+                # grpc-encoding: core answers INTERNAL, and cancels the handler): CANCELLED is what the server saw.
+                if self._on_failed is not None:
+                    self._on_failed(method, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
+                raise
             except TimeoutError:
                 await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
                                  f"the request message did not arrive within {wait_s:.3g} s")  # fmt: skip

@@ -60,3 +60,18 @@ def test_request_deadline_leaves_ordinary_calls_alone(bounded: RunningServer) ->
         messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text="Hund"), timeout=30))
         assert messages[-1].final
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_texts == bounded.server.settings.max_texts
+
+
+def test_unknown_compression_is_answered_by_grpc_core_before_nmt_serve_can(bounded: RunningServer) -> None:
+    """grpc core refuses a grpc-encoding it does not know while parsing the headers ("Error parsing 'grpc-encoding'
+    metadata"): INTERNAL, not the UNIMPLEMENTED of the gRPC compression spec. The interceptors still see the call,
+    without the header, and core cancels the handler at once: nmt-serve cannot change the code (it counts the call
+    CANCELLED when the cancel reaches its request read, which races with core). This pins the code for the API docs."""
+    body = pb.TranslateRequest(texts=["Hallo"]).SerializeToString()
+    ending = call(bounded.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(TRANSLATE, ("grpc-encoding", "snappy"))),
+                  frame(DATA, END_STREAM, 1, grpc_message(body, compressed=True)), wait_s=WAIT_S)  # fmt: skip
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.INTERNAL.value[0], ending
+    assert b"grpc-encoding" in ending.trailers
+    channel, stub = bounded.stub()
+    with channel:
+        assert stub.Translate(pb.TranslateRequest(texts=["Hallo"]), timeout=30).translations
