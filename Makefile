@@ -12,9 +12,10 @@ install:
 test: install
 	$(PYTHON) -m pytest -q
 
-# Serving needs only the `serve` extra: no torch, no onnx (CI checks both).
+# Serving needs only a serve extra: no torch, no onnx (CI checks both). The CPU wheel of ONNX Runtime
+# on a machine without an NVIDIA driver, the GPU one where there is one (scripts/serve_extra.sh).
 serve:
-	$(PIP) install -q -e '.[serve]'
+	$(PIP) install -q -e ".[$$(scripts/serve_extra.sh $(PYTHON))]"
 	$(PYTHON) -m server.main $(SERVE_ARGS)
 
 # The real German->English corpus (needs the Debian package trans-de-en; `make corpus-packages`

@@ -12,6 +12,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from model.extras import require_extra
+
+require_extra("nmt-bench", "dev", ('torch', 'onnx', 'sacrebleu'))
+
 from bench.matmul_ceiling import MatmulCeiling
 from bench.open_loop import run_open_loop
 from bench.random_model import build_random_checkpoint

@@ -17,6 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from model.extras import require_extra
+
+require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
+
 from bench.engine_bench import sample_sources, time_cells
 from bench.report import write_report
 from bench.systems import Cell, EngineSystem

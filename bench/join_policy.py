@@ -14,6 +14,10 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from model.extras import require_extra
+
+require_extra("nmt-join-policy", "dev", ('torch', 'onnx', 'sacrebleu'))
+
 from bench.engine_bench import sample_sources
 from bench.open_loop import SERVER_JOINS, Run, drive, median_run, poisson_arrivals
 from bench.report import write_report

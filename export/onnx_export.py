@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from model.extras import require_extra
+
+require_extra("nmt-export", "export", ('torch', 'onnx', 'onnxscript', 'sacrebleu'))
+
 import onnx
 import onnxruntime
 import torch

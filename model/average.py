@@ -8,6 +8,10 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from model.extras import require_extra
+
+require_extra("nmt-average", "train", ('torch', 'safetensors'))
+
 import torch
 from safetensors.torch import load_file
 

@@ -9,6 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from model.extras import require_extra
+
+require_extra("nmt-eval", "train", ('torch', 'sacrebleu', 'tqdm'))
+
 import numpy as np
 import sacrebleu
 import torch

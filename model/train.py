@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model.extras import require_extra
+
+require_extra("nmt-train", "train", ('torch', 'safetensors', 'sacrebleu', 'tqdm'))
+
 import numpy as np
 import torch
 from safetensors.torch import load_file

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README command 1 on a clean environment: only the `serve` extra (no torch, no onnx), the shipped
+# README command 1 on a clean environment: only the serve extra `make serve` picks (no torch, no onnx), the shipped
 # model, then nmt-translate must print English. Usage: scripts/smoke_serve.sh VENV_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,13 +8,17 @@ WORK=$(mktemp -d)
 trap 'kill "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q -e '.[serve]'
+"$VENV/bin/pip" install -q -e ".[$(scripts/serve_extra.sh "$VENV/bin/python")]"
 for forbidden in torch onnx; do
     if "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$forbidden') is None)"; then
         echo "smoke: the serve extra installed $forbidden" >&2
         exit 1
     fi
 done
+
+# A command of another extra says which one instead of a traceback.
+if "$VENV/bin/nmt-train" --help 2>"$WORK/train.err"; then echo "smoke: nmt-train ran without torch" >&2; exit 1; fi
+grep -q "pip install 'nmt-serve\[train\]'" "$WORK/train.err" || { echo "smoke: nmt-train did not name its extra" >&2; cat "$WORK/train.err" >&2; exit 1; }
 
 "$VENV/bin/nmt-serve" --port 0 --port-file "$WORK/port" >"$WORK/server.log" 2>&1 &
 SERVER=$!
