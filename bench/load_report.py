@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,9 +102,10 @@ def overload(model_dir: Path, capacity: float, seconds: float, flags: tuple[str,
     ])  # fmt: skip
 
 
-def sigterm_under_load(model_dir: Path, flags: tuple[str, ...], texts: Path | None, work: Path, concurrency: int = 32, after_s: float = 5.0) -> str:
+def sigterm_under_load(model_dir: Path, flags: tuple[str, ...], texts: Path | None, work: Path, concurrency: int = 32, after_s: float = 5.0,
+                       backoff_s: float = 0.05) -> str:  # fmt: skip
     server = ServerProcess(model_dir, work, *flags, "--grace-s", "20")
-    test = load(server.target, texts, "--concurrency", str(concurrency), "--duration", str(after_s + 3))
+    test = load(server.target, texts, "--concurrency", str(concurrency), "--duration", str(after_s + 3), "--backoff", str(backoff_s))
     times: dict[str, float] = {}
 
     async def run() -> Report:
@@ -126,9 +128,9 @@ def sigterm_under_load(model_dir: Path, flags: tuple[str, ...], texts: Path | No
     refused = [outcome for outcome in before if outcome.code == "UNAVAILABLE"]
     lost = [outcome for outcome in before if outcome.code not in ("OK", "UNAVAILABLE")]
     later = [outcome for outcome in test.outcomes if outcome.started_at >= times["signal"]]
-    later_codes = sorted({outcome.code for outcome in later})
+    later_codes = [f"{code} {count}" for code, count in sorted(Counter(outcome.code for outcome in later).items())]
     return "\n".join([
-        f"### SIGTERM under load (closed loop, concurrency {concurrency}, signal after {after_s:g} s, int8, grace 20 s)", "",
+        f"### SIGTERM under load (closed loop, concurrency {concurrency}, back-off {backoff_s:g} s, signal after {after_s:g} s, int8, grace 20 s)", "",
         "| calls sent before SIGTERM | OK | refused while draining (UNAVAILABLE) | lost (any other code) | calls after SIGTERM | their codes "
         "| exit code | signal to exit (s) |",
         "|---|---|---|---|---|---|---|---|",

@@ -149,7 +149,7 @@ class LoadTest:
                 issued += 1
                 await self.one(stub)
                 if self.outcomes[-1].code == "UNAVAILABLE":
-                    await asyncio.sleep(0.05)  # back off like a real client while a server is away
+                    await asyncio.sleep(self.args.backoff)  # back off like a real client while a server is away
 
         await asyncio.gather(*(worker() for _ in range(self.args.concurrency)))
 
@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam", type=int, default=0, help="beam size (default: the server's)")
     parser.add_argument("--stream", action="store_true", help="TranslateStream; reports time to first token")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--backoff", type=float, default=0.05, help="closed loop: seconds a client waits after an UNAVAILABLE")
     parser.add_argument("--token", default="", help="bearer token")
     parser.add_argument("--metrics-url", default="", help="a server's /metrics, for server-side deltas")
     parser.add_argument("--wait-ready", type=float, default=0.0, help="wait up to this long for a SERVING health check")
