@@ -9,7 +9,7 @@ that is plain multi-head attention) over a self-attention cache that is updated 
 as its queries (two Gathers map rows to sources and back), three Add + LayerNormalization
 (post-LN) and the FFN: 94 nodes for the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
 
-Contract (DESIGN section 4, revised): every row carries its own cache, so rows at different
+Contract (docs/architecture.md, the model dir): every row carries its own cache, so rows at different
 positions share a call without a past mask or padding.
   tgt_ids    [rows, 1] int64   the token fed
   positions  [rows] int64      its position = how many tokens the row has cached already

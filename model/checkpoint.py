@@ -1,4 +1,4 @@
-"""The checkpoint dir: config.json, model.safetensors, tokenizer.json, train.json (DESIGN section 3)."""
+"""The checkpoint dir: config.json, model.safetensors, tokenizer.json, train.json (docs/architecture.md)."""
 
 from __future__ import annotations
 

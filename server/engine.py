@@ -95,7 +95,7 @@ class Engine:
         self._steady_greedy_jobs = 0
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
-        # Lowered when the device runs out of memory: the rows the last retried call fitted in (RELIABILITY row 20).
+        # Lowered when the device runs out of memory: the rows the last retried call fitted in.
         self.row_ceiling = limits.max_rows
 
     # ------------------------------------------------------------ interface for other threads

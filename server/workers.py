@@ -27,9 +27,8 @@ MAX_AUTO_ENGINES = 4
 # past 16-32 rows, so a larger batch buys no throughput (bursts of 300 requests, int8, one thread: 32
 # against 128 rows 1.03x beam 4, 0.99x greedy); it only makes every request in it wait longer per step.
 # Capped, newcomers queue first come, first served, and the tail under heavy load shrinks (open loop at
-# ~90% of capacity, 60 s x 3 seeds: p99 0.202 s against 0.307 s; docs/engine-history.md, session 12).
-# A GPU step's cost grows far more slowly with its rows, so there the larger batch stays (not measured
-# here: no session has had a GPU).
+# ~90% of capacity, 60 s x 3 seeds: p99 0.202 s against 0.307 s; docs/benchmarks.md).
+# A GPU step's cost grows far more slowly with its rows, so there the larger batch stays (unmeasured).
 CPU_AUTO_ROWS = 32
 GPU_AUTO_ROWS = 128
 

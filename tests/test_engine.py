@@ -224,7 +224,7 @@ def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtim
 
 def test_engine_out_of_memory_drops_the_largest_request_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """RELIABILITY row 20: the decoder call fails for memory mid-decode (beam rows have just been reordered);
+    """Out of memory: the decoder call fails for memory mid-decode (beam rows have just been reordered);
     the request holding the most cache leaves with OUT_OF_MEMORY, the call is retried, and the others'
     outputs are still exactly their alone-results."""
     engine = Engine(runtime)
@@ -338,7 +338,7 @@ def test_row_placement_python_and_numpy_agree(continued: list[int]) -> None:
 
 def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
                                                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """RELIABILITY row 20 on the short path: the decoder call of a steady greedy step (only tokens fed) fails
+    """Out of memory on the short path: the decoder call of a steady greedy step (only tokens fed) fails
     for memory; the request holding the most cache leaves with OUT_OF_MEMORY and the retried call keeps the
     others exactly on their alone-results."""
     engine = Engine(runtime)

@@ -1,4 +1,4 @@
-"""Import rules of DESIGN.md: one-way data flow, and a serving path free of torch and onnx."""
+"""Import rules (docs/architecture.md): one-way data flow, and a serving path free of torch and onnx."""
 
 from __future__ import annotations
 

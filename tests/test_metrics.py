@@ -124,7 +124,7 @@ def test_dashboard_uses_only_exported_metric_names() -> None:
     expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     used = {name for expr in expressions for name in re.findall(r"\b(nmt_[a-z_]+)\b", expr)}
     assert used and used <= exported, f"not exported: {sorted(used - exported)}"
-    # Every metric of DESIGN section 8 is on the dashboard.
+    # Every metric the server defines is on the dashboard.
     families = {name.removesuffix(suffix) for name in used for suffix in ("_bucket", "_sum", "_count", "_total", "_info") if name.endswith(suffix)} | used
     for metric in ("nmt_requests", "nmt_request_duration_seconds", "nmt_time_to_first_token_seconds", "nmt_queue_wait_seconds",
                    "nmt_queue_depth", "nmt_batch_rows", "nmt_decode_step_duration_seconds", "nmt_generated_tokens", "nmt_padding_ratio",

@@ -1,4 +1,4 @@
-"""Fuzzing a real server (RELIABILITY rows 6, 9, 13): no call ends in UNKNOWN and the server keeps answering."""
+"""Fuzzing a real server (control characters, out-of-range options, random bytes): no call ends in UNKNOWN and the server keeps answering."""
 
 from __future__ import annotations
 
