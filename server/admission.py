@@ -7,6 +7,9 @@ refused at arrival it costs one status write and no read.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,12 +21,48 @@ from server.status import status_for
 
 
 class EarlyAdmission(grpc.aio.ServerInterceptor):
-    """For the methods in `methods` (full names, "/package.Service/Method"); each refusal is counted like the service's own."""
+    """For the methods in `methods` (full names, "/package.Service/Method"); each refusal is counted like the service's own.
 
-    def __init__(self, scheduler: Scheduler, methods: frozenset[str], metrics: Metrics | None = None) -> None:
+    Between hold() and release() (the drain's last phase, server/main.py), refusals wait and are answered together:
+    grpc core ends CANCELLED the calls it holds unhanded when the server stops (grpc/grpc#41785); answered together
+    just before the stop, clients that back off after an UNAVAILABLE are all backing off, not sending, at that moment.
+    """
+
+    def __init__(self, scheduler: Scheduler, methods: frozenset[str], metrics: Metrics | None = None, max_hold_s: float = 5.0) -> None:
         self.scheduler = scheduler
         self.methods = methods
         self.metrics = metrics
+        self.max_hold_s = max_hold_s  # a held refusal is answered after this long whatever happens
+        self._release: asyncio.Event | None = None
+        self._held = 0
+
+    @property
+    def holding(self) -> bool:
+        return self._release is not None and not self._release.is_set()
+
+    def hold(self) -> None:
+        """From now on refusals wait for release(); call on the event loop."""
+        self._release = asyncio.Event()
+
+    async def release(self, timeout_s: float = 1.0) -> None:
+        """Answers the held refusals, and returns once they are answered (at most timeout_s)."""
+        if self._release is not None:
+            self._release.set()
+        deadline = time.monotonic() + timeout_s
+        while self._held and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        release = self._release if self.holding else None
+        if release is None:
+            await context.abort(code, message)
+        self._held += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(release.wait(), self.max_hold_s)
+            await context.abort(code, message)
+        finally:
+            self._held -= 1
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
@@ -39,12 +78,12 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler.response_streaming:
             async def refuse_stream(_: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                await context.abort(code, message)
+                await self._refuse(context, code, message)
                 yield  # pragma: no cover - abort raises first
 
             return grpc.stream_stream_rpc_method_handler(refuse_stream, response_serializer=handler.response_serializer)
 
         async def refuse(_: object, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(code, message)
+            await self._refuse(context, code, message)
 
         return grpc.stream_unary_rpc_method_handler(refuse, response_serializer=handler.response_serializer)

@@ -112,6 +112,22 @@ def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_di
         assert time.monotonic() - started >= DRAIN_QUIET_MAX_S
 
 
+def test_row17_refusals_of_the_last_drain_phase_are_held_until_the_port_closes(tiny_model_dir: Path) -> None:
+    """While the drain waits for calls to stop arriving, refusals are held and answered together just before the port
+    closes: a client that backs off after its UNAVAILABLE is then waiting, not sending, when grpc core stops (a call
+    core holds unhanded at that moment ends CANCELLED, grpc/grpc#41785)."""
+    with RunningServer(server_settings(tiny_model_dir, grace_s=30.0)) as running:
+        running.server.arrivals.last_arrival = time.monotonic() + 3600  # calls keep arriving: the phase lasts its maximum
+        running.server.request_stop()
+        assert wait_for(lambda: running.server.admission.holding, 10)
+        channel, stub = running.stub()
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in refused.value.details()
+        assert not running.server.admission.holding, "answered while refusals were still held"
+        assert wait_for(lambda: not running.is_running(), 10)
+
+
 def test_row17_calls_cut_off_at_the_end_of_the_grace_period_are_logged_and_counted(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
     with RunningServer(server_settings(tiny_model_dir, grace_s=0.1)) as running:
