@@ -64,7 +64,11 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return cls(HFTokenizer.from_file(str(path)))
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as error:  # the library raises a bare Exception whose text names no file
+            raise ValueError(f"{path}: not a readable tokenizers JSON file: {error}") from error
+        return cls(backend)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
