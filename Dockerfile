@@ -10,6 +10,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY model/ model/
 COPY export/ export/
+COPY runtime/ runtime/
+COPY bench/ bench/
 COPY server/ server/
 COPY client/ client/
 COPY protos/ protos/

@@ -16,7 +16,7 @@ test: install
 # on a machine without an NVIDIA driver, the GPU one where there is one (scripts/serve_extra.sh).
 serve:
 	$(PIP) install -q -e ".[$$(scripts/serve_extra.sh $(PYTHON))]"
-	$(PYTHON) -m server.main $(SERVE_ARGS)
+	$(PYTHON) -m nmt_serve.server.main $(SERVE_ARGS)
 
 # The real German->English corpus (needs the Debian package trans-de-en; `make corpus-packages`
 # installs it with the packages whose catalogs and help pages the shipped model was trained on).
@@ -30,4 +30,4 @@ corpus-packages:
 
 # Regenerate the committed gRPC code after editing a .proto (tests fail while it is stale).
 protos:
-	$(PYTHON) -m protos.generate
+	$(PYTHON) -m nmt_serve.protos.generate

@@ -14,9 +14,9 @@ from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 from tokenizers import Tokenizer as HFTokenizer
 
-from model.checkpoint import TOKENIZER_FILE, load_checkpoint
-from model.config import ModelConfig
-from model.transformer import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, Transformer
+from nmt_serve.model.checkpoint import TOKENIZER_FILE, load_checkpoint
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.transformer import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, Transformer
 
 logger = logging.getLogger(__name__)
 

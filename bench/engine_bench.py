@@ -12,18 +12,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-bench", "dev", ('torch', 'onnx', 'sacrebleu'))
 
-from bench.matmul_ceiling import MatmulCeiling
-from bench.open_loop import run_open_loop
-from bench.random_model import build_random_checkpoint
-from bench.report import write_report
-from bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
-from model.checkpoint import load_checkpoint
-from model.corpus import read_tsv
-from server.jobs import StepProfile
+from nmt_serve.bench.matmul_ceiling import MatmulCeiling
+from nmt_serve.bench.open_loop import run_open_loop
+from nmt_serve.bench.random_model import build_random_checkpoint
+from nmt_serve.bench.report import write_report
+from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.server.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, thr
     inter_threads); PyTorch has no such setting and runs on workers x threads threads."""
     systems: list[System] = [TorchSystem(checkpoint, threads * workers)]
     if with_ct2:
-        from bench.ct2_convert import convert_checkpoint
+        from nmt_serve.bench.ct2_convert import convert_checkpoint
 
         tokenizer = load_checkpoint(checkpoint).tokenizer
         tokens = tokenizer.token_strings()

@@ -17,22 +17,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 
-from bench.engine_bench import sample_sources, time_cells
-from bench.report import write_report
-from bench.systems import Cell, EngineSystem
-from export.manifest import TOKENIZER_FILE, load_model_dir, write_manifest
-from export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_spec
-from export.optimize import INT8_SCHEMES, convert_to_int8
-from export.ort_step import OrtStep
-from export.parity import SEARCHES, check_tensors, decode_all
-from model.checkpoint import load_checkpoint
-from model.corpus import read_tsv
-from model.evaluate import one_line, score
-from model.torch_step import TorchStep
+from nmt_serve.bench.engine_bench import sample_sources, time_cells
+from nmt_serve.bench.report import write_report
+from nmt_serve.bench.systems import Cell, EngineSystem
+from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_spec
+from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
+from nmt_serve.export.parity import SEARCHES, check_tensors, decode_all
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.evaluate import one_line, score
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.runtime.manifest import TOKENIZER_FILE, load_model_dir, write_manifest
+from nmt_serve.runtime.ort_step import OrtStep
 
 logger = logging.getLogger(__name__)
 

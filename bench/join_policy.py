@@ -14,14 +14,14 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-join-policy", "dev", ('torch', 'onnx', 'sacrebleu'))
 
-from bench.engine_bench import sample_sources
-from bench.open_loop import SERVER_JOINS, Run, drive, median_run, poisson_arrivals
-from bench.report import write_report
-from server.runtime import Runtime, RuntimeSettings
+from nmt_serve.bench.engine_bench import sample_sources
+from nmt_serve.bench.open_loop import SERVER_JOINS, Run, drive, median_run, poisson_arrivals
+from nmt_serve.bench.report import write_report
+from nmt_serve.server.runtime import Runtime, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 

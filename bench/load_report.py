@@ -20,21 +20,21 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.report import write_report
-from client.loadtest import LoadTest, Report, load_texts
-from client.loadtest import build_parser as loadtest_parser
+from nmt_serve.bench.report import write_report
+from nmt_serve.client.loadtest import LoadTest, Report, load_texts
+from nmt_serve.client.loadtest import build_parser as loadtest_parser
 
 logger = logging.getLogger("nmt-load-report")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerProcess:
-    """One `python -m server.main` process on free loopback ports."""
+    """One `python -m nmt_serve.server.main` process on free loopback ports."""
 
     def __init__(self, model_dir: Path, work: Path, *flags: str) -> None:
         port_file = work / f"port-{time.monotonic_ns()}"
         self.log = work / f"{port_file.name}.log"
-        self.process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+        self.process = subprocess.Popen([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
                                          "--metrics-port", "-1", *flags],
                                         cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 120

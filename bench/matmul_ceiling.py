@@ -22,8 +22,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from bench.systems import Cell
-from export.manifest import load_model_dir
+from nmt_serve.bench.systems import Cell
+from nmt_serve.runtime.manifest import load_model_dir
 
 # Weight products as they stand in an optimised decoder: (op type, domain). The weight is input 1.
 WEIGHT_PRODUCTS = {("MatMul", ""), ("DynamicQuantizeMatMul", "com.microsoft")}
@@ -31,7 +31,7 @@ IR_VERSION = 9  # accepted by every onnxruntime this project supports; the optim
 
 
 def optimized_decoder(decoder_path: Path, threads: int) -> onnx.ModelProto:
-    """The decoder as an ONNX Runtime CPU session runs it (fusions applied, as in export/ort_step.py)."""
+    """The decoder as an ONNX Runtime CPU session runs it (fusions applied, as in runtime/ort_step.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads

@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from model.search import SearchOptions
-from server.engine import Engine
-from server.jobs import EngineLimits, Job
-from server.runtime import Runtime
-from server.settings import ServerSettings
-from server.workers import plan_workers
+from nmt_serve.model.search import SearchOptions
+from nmt_serve.server.engine import Engine
+from nmt_serve.server.jobs import EngineLimits, Job
+from nmt_serve.server.runtime import Runtime
+from nmt_serve.server.settings import ServerSettings
+from nmt_serve.server.workers import plan_workers
 
 logger = logging.getLogger(__name__)
 

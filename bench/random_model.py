@@ -9,11 +9,11 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from export.onnx_export import export_model_dir
-from model.checkpoint import save_weights
-from model.config import PRESETS
-from model.tokenizer import SPECIAL_TOKENS, Tokenizer
-from model.transformer import Transformer
+from nmt_serve.export.onnx_export import export_model_dir
+from nmt_serve.model.checkpoint import save_weights
+from nmt_serve.model.config import PRESETS
+from nmt_serve.model.tokenizer import SPECIAL_TOKENS, Tokenizer
+from nmt_serve.model.transformer import Transformer
 
 BASE_VOCAB = 32000
 

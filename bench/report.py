@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.host import cpu_facts, describe_cpu
+from nmt_serve.runtime.host import cpu_facts, describe_cpu
 
 
 def write_report(title: str, program: str, argv: Sequence[str] | None, sections: Sequence[str], out: Path) -> str:

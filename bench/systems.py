@@ -12,14 +12,14 @@ from typing import Protocol
 
 import torch
 
-from model.checkpoint import load_checkpoint
-from model.search import SearchOptions, generate
-from model.torch_step import TorchStep
-from server.engine import Engine
-from server.jobs import EngineLimits, StepProfile
-from server.metrics import Metrics
-from server.runtime import Runtime, RuntimeSettings
-from server.scheduler import least_loaded
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.server.engine import Engine
+from nmt_serve.server.jobs import EngineLimits, StepProfile
+from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.runtime import Runtime, RuntimeSettings
+from nmt_serve.server.scheduler import least_loaded
 
 
 @dataclass(frozen=True)

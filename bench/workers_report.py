@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.balancer import Balancer
-from bench.load_report import ROOT, ServerProcess, load
-from bench.report import write_report
+from nmt_serve.bench.balancer import Balancer
+from nmt_serve.bench.load_report import ROOT, ServerProcess, load
+from nmt_serve.bench.report import write_report
 
 logger = logging.getLogger("nmt-workers-report")
 

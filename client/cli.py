@@ -13,8 +13,8 @@ from typing import TextIO
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from client.client import DEFAULT_TARGET, Options, TranslationClient
-from protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.client.client import DEFAULT_TARGET, Options, TranslationClient
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 
 logger = logging.getLogger("nmt-translate")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 # The retry policy is published beside the .proto so that clients in every language use the same one;

@@ -25,8 +25,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
 logger = logging.getLogger("nmt-loadtest")
 

@@ -40,9 +40,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finish_model, to_numpy
-from export.graphs import encoder_output_names, kv_names, past_names, present_names
-from model.transformer import DecoderLayer, Transformer
+from nmt_serve.export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finish_model, to_numpy
+from nmt_serve.export.graphs import encoder_output_names, kv_names, past_names, present_names
+from nmt_serve.model.transformer import DecoderLayer, Transformer
 
 SOURCE_INPUTS = ["source_queries", "row_queries"]
 CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from model.transformer import Transformer
+from nmt_serve.model.transformer import Transformer
 
 
 def kv_names(prefix: str, layer: int) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-export", "export", ('torch', 'onnx', 'onnxscript', 'sacrebleu'))
 
@@ -20,14 +20,14 @@ import onnx
 import onnxruntime
 import torch
 
-from export.decoder_graph import build_decoder_graph
-from export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
-from export.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
-from export.optimize import convert_precision
-from export.ort_step import OrtStep
-from export.self_check import SELF_CHECK_FILE, write_reference
-from model.checkpoint import TOKENIZER_FILE, load_checkpoint
-from model.transformer import Transformer
+from nmt_serve.export.decoder_graph import build_decoder_graph
+from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
+from nmt_serve.export.optimize import convert_precision
+from nmt_serve.model.checkpoint import TOKENIZER_FILE, load_checkpoint
+from nmt_serve.model.transformer import Transformer
+from nmt_serve.runtime.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
+from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE, write_reference
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from export.parity import random_pairs, run_parity  # imported late: parity pulls in sacrebleu
-    from model.corpus import read_tsv
+    from nmt_serve.export.parity import random_pairs, run_parity  # imported late: parity pulls in sacrebleu
+    from nmt_serve.model.corpus import read_tsv
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from export.host import cpu_facts, describe_cpu
-from export.manifest import update_parity
-from export.ort_step import OrtStep
-from model.checkpoint import load_checkpoint
-from model.corpus import read_tsv
-from model.evaluate import one_line, score
-from model.search import Hypothesis, SearchOptions, generate
-from model.torch_step import TorchStep
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.evaluate import one_line, score
+from nmt_serve.model.search import Hypothesis, SearchOptions, generate
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.runtime.host import cpu_facts, describe_cpu
+from nmt_serve.runtime.manifest import update_parity
+from nmt_serve.runtime.ort_step import OrtStep
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
     report: dict[str, Any] = {
         "precision": ort_step.manifest.precision,
         "provider": ort_step.decoder.get_providers()[0],
-        "cpu": cpu_facts(),  # int8 results depend on the CPU's instruction sets (export/host.py)
+        "cpu": cpu_facts(),  # int8 results depend on the CPU's instruction sets (runtime/host.py)
         "test": str(test) if test else "random sentences (no references)",
         "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
         "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),

@@ -1,6 +1,6 @@
 """nmt-parity: a model dir against its PyTorch checkpoint (--checkpoint), or against its stored reference on this host.
 
-Without --checkpoint it needs no torch: the host self-check (export/self_check.py) runs on a
+Without --checkpoint it needs no torch: the host self-check (runtime/self_check.py) runs on a
 serving install and exits 1 when this host's results are beyond the model dir's bound.
 """
 
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.ort_step import OrtStep
-from export.self_check import SELF_CHECK_FILE, SelfCheckError, check_host, load_reference
+from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckError, check_host, load_reference
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.checkpoint is None:
         return check_this_host(args.model_dir, args.threads)
     try:
-        from export.parity import run_parity
+        from nmt_serve.export.parity import run_parity
     except ModuleNotFoundError as error:
         logging.error("nmt-parity --checkpoint needs torch and sacrebleu: pip install 'nmt-serve[export]' (%s)", error)
         return 2

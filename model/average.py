@@ -8,16 +8,16 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-average", "train", ('torch', 'safetensors'))
 
 import torch
 from safetensors.torch import load_file
 
-from model.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
-from model.config import ModelConfig
-from model.transformer import Transformer
+from nmt_serve.model.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 

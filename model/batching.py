@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.config import BOS_ID, EOS_ID, PAD_ID
-from model.padding import pad_sources
-from model.tokenizer import Tokenizer
+from nmt_serve.model.config import BOS_ID, EOS_ID, PAD_ID
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 
-from model.config import ModelConfig
-from model.tokenizer import Tokenizer
-from model.transformer import Transformer
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.transformer import Transformer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

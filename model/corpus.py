@@ -16,7 +16,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
-from model.help_corpus import DEFAULT_HELP_ROOT, read_help
+from nmt_serve.model.help_corpus import DEFAULT_HELP_ROOT, read_help
 
 DEFAULT_DING = "/usr/share/trans/de-en"
 DEFAULT_LOCALE_DIR = "/usr/share/locale"

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-eval", "train", ('torch', 'sacrebleu', 'tqdm'))
 
@@ -18,15 +18,15 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from model.batching import encode_pairs, plan_batches
-from model.checkpoint import Checkpoint, load_checkpoint, load_train_info, save_train_info
-from model.corpus import read_tsv
-from model.device import DEVICE_CHOICES, pick_device
-from model.loss import mean_nll
-from model.search import SearchOptions, generate
-from model.tokenizer import Tokenizer
-from model.torch_step import TorchStep
-from model.transformer import Transformer
+from nmt_serve.model.batching import encode_pairs, plan_batches
+from nmt_serve.model.checkpoint import Checkpoint, load_checkpoint, load_train_info, save_train_info
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.device import DEVICE_CHOICES, pick_device
+from nmt_serve.model.loss import mean_nll
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from model.batching import Batch, make_batch
-from model.transformer import Transformer
+from nmt_serve.model.batching import Batch, make_batch
+from nmt_serve.model.transformer import Transformer
 
 
 def label_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_serve.model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Training order fixes the ids: PAD_ID=0, BOS_ID=1, EOS_ID=2, UNK_ID=3 (model/config.py).
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")

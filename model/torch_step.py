@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from model.padding import pad_sources
-from model.transformer import KV, Transformer
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.transformer import KV, Transformer
 
 
 class TorchStep:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-train", "train", ('torch', 'safetensors', 'sacrebleu', 'tqdm'))
 
@@ -22,16 +22,16 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from model.batching import Batch, encode_pairs, make_batch, plan_batches
-from model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
-from model.config import PRESETS, ModelConfig
-from model.corpus import read_tsv
-from model.device import DEVICE_CHOICES, bf16_is_native, native_bf16, pick_device
-from model.evaluate import score, translate
-from model.loss import batch_loss, mean_nll
-from model.search import SearchOptions
-from model.tokenizer import Tokenizer
-from model.transformer import Transformer
+from nmt_serve.model.batching import Batch, encode_pairs, make_batch, plan_batches
+from nmt_serve.model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
+from nmt_serve.model.config import PRESETS, ModelConfig
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, native_bf16, pick_device
+from nmt_serve.model.evaluate import score, translate
+from nmt_serve.model.loss import batch_loss, mean_nll
+from nmt_serve.model.search import SearchOptions
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 

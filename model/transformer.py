@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.config import ModelConfig
+from nmt_serve.model.config import ModelConfig
 
 # Additive attention bias for masked keys. Finite on purpose: -inf (and -1e9) turn into -inf in
 # fp16 and a fully masked row becomes NaN; exp(-1e4) is still exactly 0 in fp32.

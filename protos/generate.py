@@ -6,7 +6,7 @@ tests/test_protos.py fails when they differ from what this produces.
 protoc runs with the import root protos/, the one every other language compiles from, so the
 descriptors register as `nmt/translation/v1/translation.proto`: a program that also compiles the
 protos itself (same root) shares them instead of failing on duplicate symbols. protoc then names the
-Python modules `nmt.translation.v1...`, while they live in the package `protos`; the plugins have no
+Python modules `nmt.translation.v1...`, while they live in the package `nmt_serve.protos`; the plugins have no
 option for a package prefix, so `qualify` adds it to the two places that name a module.
 """
 
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_ROOT = ROOT / "protos"  # protoc's import root; also the Python package `protos`
-PACKAGE = PROTO_ROOT.name
+PROTO_ROOT = ROOT / "protos"  # protoc's import root; also the Python package `nmt_serve.protos`
+PACKAGE = "nmt_serve.protos"
 PROTO_FILES = ("nmt/translation/v1/translation.proto",)  # relative to PROTO_ROOT
 
 logger = logging.getLogger(__name__)

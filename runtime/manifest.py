@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from model.config import ModelConfig
+from nmt_serve.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export.manifest import Manifest, load_model_dir
-from export.step_cache import StepCache
-from model.padding import pad_sources
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.runtime.manifest import Manifest, load_model_dir
+from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from export.host import cpu_facts, describe_cpu
-from export.step_cache import StepCache
-from model.config import ModelConfig
-from model.padding import pad_sources
-from model.search import SearchOptions, generate
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.runtime.host import cpu_facts, describe_cpu
+from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
 

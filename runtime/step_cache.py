@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from export.source_layout import source_layout
-from model.config import ModelConfig
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.runtime.source_layout import source_layout
 
 INITIAL_ROWS = 8
 MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)
@@ -216,7 +216,7 @@ class StepCache:
         self.slots_copied += sum(end - start for _, _, start, end in copies)
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
-        """Give each source read by the call a place and map rows to sources (export/source_layout.py): a
+        """Give each source read by the call a place and map rows to sources (runtime/source_layout.py): a
         source keeps the place it had, so its K/V are copied only into a place new to it."""
         layout = source_layout(keys, slots, self._source_keys[: self.sources])
         sources, queries = layout.source_queries.shape

@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
-from server.metrics import Metrics
-from server.scheduler import Scheduler
-from server.status import status_for
+from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.scheduler import Scheduler
+from nmt_serve.server.status import status_for
 
 
 class EarlyAdmission(grpc.aio.ServerInterceptor):

@@ -3,7 +3,7 @@
 A request is a per-request searcher from model/search.py plus its rows (a beam of K is K rows).
 Between steps, new requests are encoded and join (their rows start at position 0), and finished,
 cancelled and expired requests leave. The rows and their caches live in a StepCache
-(export/step_cache.py): each row has its own cache that the decoder extends in place, so rows at
+(runtime/step_cache.py): each row has its own cache that the decoder extends in place, so rows at
 different positions share a call without padding, and only rows that changed place are copied.
 Each request's tokens are the ones it gets alone; only the batch it shares a step with changes.
 """
@@ -20,12 +20,12 @@ from typing import Protocol
 
 import numpy as np
 
-from model.padding import pad_sources
-from model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
-from server.jobs import EngineLimits, Job, Outcome, StepProfile
-from server.row_placement import place_rows, split_rows
-from server.runtime import Runtime
-from server.source_pool import SourcePool
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
+from nmt_serve.server.jobs import EngineLimits, Job, Outcome, StepProfile
+from nmt_serve.server.row_placement import place_rows, split_rows
+from nmt_serve.server.runtime import Runtime
+from nmt_serve.server.source_pool import SourcePool
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.search import Hypothesis, Searcher, SearchOptions
+from nmt_serve.model.search import Hypothesis, Searcher, SearchOptions
 
 
 class Outcome(enum.Enum):

@@ -16,21 +16,21 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
-from export.manifest import ModelDirError
-from export.ort_step import available_providers
-from export.self_check import SelfCheckError
-from server.admission import EarlyAdmission
-from server.arrivals import ArrivalClock
-from server.auth import REFLECTION_V1, BearerTokenInterceptor
-from server.engine import Engine
-from server.jobs import EngineLimits
-from server.metrics import Metrics
-from server.request_deadline import RequestDeadline
-from server.runtime import Runtime, RuntimeSettings
-from server.scheduler import QueueLimits, Scheduler
-from server.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
-from server.settings import ServerSettings, parse_settings
-from server.workers import available_cores, plan_workers
+from nmt_serve.runtime.manifest import ModelDirError
+from nmt_serve.runtime.ort_step import available_providers
+from nmt_serve.runtime.self_check import SelfCheckError
+from nmt_serve.server.admission import EarlyAdmission
+from nmt_serve.server.arrivals import ArrivalClock
+from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
+from nmt_serve.server.engine import Engine
+from nmt_serve.server.jobs import EngineLimits
+from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.request_deadline import RequestDeadline
+from nmt_serve.server.runtime import Runtime, RuntimeSettings
+from nmt_serve.server.scheduler import QueueLimits, Scheduler
+from nmt_serve.server.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
+from nmt_serve.server.settings import ServerSettings, parse_settings
+from nmt_serve.server.workers import available_cores, plan_workers
 
 logger = logging.getLogger("nmt-serve")
 
@@ -46,7 +46,7 @@ class HostCheckRefused(RuntimeError):
 
 
 def check_this_host(runtime: Runtime, mode: str, metrics: Metrics) -> None:
-    """The start-up self-check (export/self_check.py) in `mode` (ServerSettings.self_check); raises
+    """The start-up self-check (runtime/self_check.py) in `mode` (ServerSettings.self_check); raises
     HostCheckRefused, naming the file and the figures, when it fails under `refuse`."""
     if mode == "off":
         logger.warning("self-check off: this host's results are not compared with the exporting host's")

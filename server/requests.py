@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.search import SearchOptions
-from model.tokenizer import Tokenizer
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from server.settings import ServerSettings
-
+from nmt_serve.model.search import SearchOptions
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.settings import ServerSettings
 
 # Client-sent values quoted in an error message are cut to this many characters: a status message travels in
 # the trailers, and a client's default metadata limit (16 KiB) turns a longer one into RESOURCE_EXHAUSTED.

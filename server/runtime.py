@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from export.manifest import Manifest, load_model_dir
-from export.ort_step import available_providers, make_session
-from export.self_check import SELF_CHECK_FILE, SelfCheckResult, check_host, load_reference
-from export.step_cache import StepCache
-from model.config import ModelConfig
-from model.tokenizer import Tokenizer
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.runtime.manifest import Manifest, load_model_dir
+from nmt_serve.runtime.ort_step import available_providers, make_session
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_host, load_reference
+from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Runtime:
         return self.encoder.run(self.cross_names, {"src_ids": src_ids, "src_mask": src_mask})
 
     def new_step_cache(self) -> StepCache:
-        """Decoder rows and their caches, bound to this runtime's decoder session (export/step_cache.py)."""
+        """Decoder rows and their caches, bound to this runtime's decoder session (runtime/step_cache.py)."""
         return StepCache(self.decoder, self.config, self.cross_names)
 
     def warm_up(self) -> float:
@@ -71,7 +71,7 @@ class Runtime:
         return seconds
 
     def self_check(self) -> SelfCheckResult | None:
-        """The model dir's stored reference through these sessions (export/self_check.py); None when the dir
+        """The model dir's stored reference through these sessions (runtime/self_check.py); None when the dir
         has none. Raises SelfCheckError, naming the file, when the reference is unusable."""
         reference = load_reference(self.model_dir, self.config)
         if reference is None:

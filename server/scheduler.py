@@ -12,9 +12,9 @@ from typing import Protocol
 
 import numpy as np
 
-from model.search import Hypothesis, SearchOptions
-from server.engine import Engine
-from server.jobs import Job, Outcome
+from nmt_serve.model.search import Hypothesis, SearchOptions
+from nmt_serve.server.engine import Engine
+from nmt_serve.server.jobs import Job, Outcome
 
 logger = logging.getLogger(__name__)
 

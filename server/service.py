@@ -12,14 +12,14 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from model.search import FinishReason, Hypothesis
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from server.metrics import Metrics
-from server.requests import InvalidRequest, Limits, RequestReader, Task
-from server.runtime import Runtime
-from server.scheduler import Rejected, Scheduler
-from server.settings import ServerSettings
-from server.status import NotReady, status_for
+from nmt_serve.model.search import FinishReason, Hypothesis
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.requests import InvalidRequest, Limits, RequestReader, Task
+from nmt_serve.server.runtime import Runtime
+from nmt_serve.server.scheduler import Rejected, Scheduler
+from nmt_serve.server.settings import ServerSettings
+from nmt_serve.server.status import NotReady, status_for
 
 logger = logging.getLogger(__name__)
 

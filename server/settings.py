@@ -51,7 +51,7 @@ class ServerSettings:
     auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
     log_level: str = "INFO"
     # At start, this host's log-probs of the model dir's self_check.json against the exporting host's
-    # (export/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
+    # (runtime/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
     self_check: str = "refuse"
 
     def validate(self) -> None:

@@ -1,6 +1,6 @@
 """SourcePool: the encoded sources of an engine's active requests (cross K/V and masks), one slot per request.
 
-The step cache (export/step_cache.py) reads the pool up to each call's longest source. Slots are
+The step cache (runtime/step_cache.py) reads the pool up to each call's longest source. Slots are
 reused once freed and double when full; the width grows with the longest source and narrows (as
 the step cache's buffers do, `fitted_width`) once a long source has left, so later joins stop
 copying at the old width.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from export.step_cache import fitted_width, grown
+from nmt_serve.runtime.step_cache import fitted_width, grown
 
 
 class SourcePool:

@@ -6,9 +6,9 @@ import logging
 
 import grpc
 
-from server.jobs import Outcome
-from server.requests import InvalidRequest, UnknownModel, clipped
-from server.scheduler import Rejected, RequestFailed
+from nmt_serve.server.jobs import Outcome
+from nmt_serve.server.requests import InvalidRequest, UnknownModel, clipped
+from nmt_serve.server.scheduler import Rejected, RequestFailed
 
 logger = logging.getLogger(__name__)
 

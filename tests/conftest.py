@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model.corpus import write_tsv
+from nmt_serve.model.corpus import write_tsv
 
 # A toy German->English word mapping; sentences translate word by word, so a tiny model can learn some of it.
 LEXICON = {
@@ -40,7 +40,7 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model trained for a few steps through the real nmt-train entry point."""
-    from model.train import main as train_main
+    from nmt_serve.model.train import main as train_main
 
     out = tmp_path_factory.mktemp("checkpoint")
     args = ["--train", str(tiny_corpus["train"]), "--valid", str(tiny_corpus["valid"]), "--out", str(out), "--preset", "tiny",
@@ -53,23 +53,8 @@ def tiny_checkpoint(tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny checkpoint exported to an fp32 model dir through nmt-export, parity included."""
-    from export.onnx_export import main as export_main
+    from nmt_serve.export.onnx_export import main as export_main
 
     out = tmp_path_factory.mktemp("onnx-fp32")
     assert export_main([str(tiny_checkpoint), "--out", str(out), "--parity-test", str(tiny_corpus["test"])]) == 0
     return out
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow (minutes each)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    import os
-
-    if config.getoption("--run-slow") or os.environ.get("NMT_RUN_SLOW") == "1":
-        return
-    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or NMT_RUN_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip_slow)

@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.main import Server
-from server.settings import ServerSettings
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.server.main import Server
+from nmt_serve.server.settings import ServerSettings
 
 
 def server_settings(model_dir: Path, **overrides: object) -> ServerSettings:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.balancer import NGINX
-from bench.engine_bench import format_table, time_cells
-from bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
-from bench.report import write_report
-from bench.systems import Cell, EngineSystem, TorchSystem
-from export.host import cpu_facts, describe_cpu
-from model.search import SearchOptions
+from nmt_serve.bench.balancer import NGINX
+from nmt_serve.bench.engine_bench import format_table, time_cells
+from nmt_serve.bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
+from nmt_serve.bench.report import write_report
+from nmt_serve.bench.systems import Cell, EngineSystem, TorchSystem
+from nmt_serve.model.search import SearchOptions
+from nmt_serve.runtime.host import cpu_facts, describe_cpu
 
 SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
@@ -96,9 +96,9 @@ def test_open_loop_median_run_takes_each_field_median() -> None:
 
 def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
-    from bench.ct2_convert import convert_checkpoint
-    from bench.systems import CTranslate2System
-    from model.checkpoint import load_checkpoint
+    from nmt_serve.bench.ct2_convert import convert_checkpoint
+    from nmt_serve.bench.systems import CTranslate2System
+    from nmt_serve.model.checkpoint import load_checkpoint
 
     tokenizer = load_checkpoint(tiny_checkpoint).tokenizer
     tokens = tokenizer.token_strings()
@@ -109,7 +109,7 @@ def test_bench_ctranslate2_system_generates_the_forced_length(tiny_checkpoint: P
 
 
 def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
-    from bench.engine_bench import format_profiles
+    from nmt_serve.bench.engine_bench import format_profiles
 
     system = EngineSystem(tiny_model_dir, threads=1, label="fp32")
     system.run(SOURCES, Cell(batch=3, beam=2, length=4))
@@ -128,8 +128,8 @@ def test_bench_profile_shares_cover_the_step_time(tiny_model_dir: Path) -> None:
 
 
 def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from bench.load_report import main as load_report_main
-    from client.loadtest import SAMPLE_TEXTS
+    from nmt_serve.bench.load_report import main as load_report_main
+    from nmt_serve.client.loadtest import SAMPLE_TEXTS
 
     model = tmp_path / "model"
     model.mkdir()
@@ -147,8 +147,8 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
 
 
 def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from bench.workers_report import main as workers_report_main
-    from client.loadtest import SAMPLE_TEXTS
+    from nmt_serve.bench.workers_report import main as workers_report_main
+    from nmt_serve.client.loadtest import SAMPLE_TEXTS
 
     out = tmp_path / "workers.md"
     assert workers_report_main(["--model-dir", str(tiny_model_dir), "--configs", "1x1,2x1", "--loads", "1:2,2:2", "--rounds", "1",
@@ -162,8 +162,8 @@ def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Pat
 
 @pytest.mark.skipif(NGINX is None, reason="nginx not installed (apt-get install nginx; .ci/run does)")
 def test_workers_report_runs_replicas_behind_nginx(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from bench.workers_report import main as workers_report_main
-    from client.loadtest import SAMPLE_TEXTS
+    from nmt_serve.bench.workers_report import main as workers_report_main
+    from nmt_serve.client.loadtest import SAMPLE_TEXTS
 
     out = tmp_path / "workers.md"
     assert workers_report_main(["--model-dir", str(tiny_model_dir), "--configs", "1x1,2x1x1", "--loads", "1:4", "--rounds", "1",
@@ -176,7 +176,7 @@ def test_workers_report_runs_replicas_behind_nginx(tiny_model_dir: Path, tmp_pat
 
 
 def test_workers_report_reads_replicas_engines_and_threads() -> None:
-    from bench.workers_report import Config, parse_configs
+    from nmt_serve.bench.workers_report import Config, parse_configs
 
     assert parse_configs("1x2,3x2x1") == [Config(engines=1, threads=2), Config(engines=2, threads=1, replicas=3)]
 
@@ -184,7 +184,7 @@ def test_workers_report_reads_replicas_engines_and_threads() -> None:
 @pytest.mark.parametrize(("flag", "value", "message"), [("--configs", "2x0", "ENGINESxTHREADS"), ("--configs", "0x1x1", "REPLICAS"),
                                                         ("--configs", "2x1x0", "ENGINESxTHREADS"), ("--loads", "4", "BEAM:CONCURRENCY")])  # fmt: skip
 def test_workers_report_refuses_bad_lists(flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.workers_report import build_parser
+    from nmt_serve.bench.workers_report import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args([flag, value])
@@ -192,7 +192,7 @@ def test_workers_report_refuses_bad_lists(flag: str, value: str, message: str, c
 
 
 def test_join_policy_table_has_a_row_per_wait_and_one_for_static(tiny_model_dir: Path) -> None:
-    from bench.join_policy import compare_waits
+    from nmt_serve.bench.join_policy import compare_waits
 
     runtime = EngineSystem(tiny_model_dir, threads=1, label="fp32").runtime
     table = compare_waits(runtime, SOURCES, rates=[200.0], waits=[0, 3], seconds=0.1, replays=1)

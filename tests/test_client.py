@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client import cli, health
-from client.client import CHANNEL_OPTIONS, Options, TranslationClient
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.client import cli, health
+from nmt_serve.client.client import CHANNEL_OPTIONS, Options, TranslationClient
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import RunningServer, server_settings
 
 SERVICE_CONFIG = Path(pb.__file__).with_name("service_config.json")

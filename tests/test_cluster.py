@@ -17,9 +17,9 @@ import grpc
 import pytest
 import yaml
 
-from bench.balancer import NGINX, Balancer, free_port, http_ok
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.bench.balancer import NGINX, Balancer, free_port, http_ok
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import query, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_compose_file_is_valid_and_wires_the_stack() -> None:
 def start_replica(model_dir: Path, work: Path, name: str) -> tuple[subprocess.Popen, int, int]:
     port_file, metrics_port = work / f"{name}.port", free_port()
     log = (work / f"{name}.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+    process = subprocess.Popen([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
                                 "--metrics-port", str(metrics_port), "--threads", "1", "--grace-s", "10"],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     assert wait_for(lambda: port_file.exists() and port_file.read_text(), 60), (work / f"{name}.log").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model.corpus import (
+from nmt_serve.model.corpus import (
     Counts,
     clean_gettext_string,
     clean_pairs,

@@ -12,14 +12,14 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from bench.ct2_convert import CT2_PAD_TOKEN, convert_checkpoint  # noqa: E402
-from model.checkpoint import TOKENIZER_FILE, save_weights  # noqa: E402
-from model.config import PRESETS  # noqa: E402
-from model.padding import pad_sources  # noqa: E402
-from model.search import FinishReason, SearchOptions, generate  # noqa: E402
-from model.tokenizer import Tokenizer  # noqa: E402
-from model.torch_step import TorchStep  # noqa: E402
-from model.transformer import Transformer  # noqa: E402
+from nmt_serve.bench.ct2_convert import CT2_PAD_TOKEN, convert_checkpoint  # noqa: E402
+from nmt_serve.model.checkpoint import TOKENIZER_FILE, save_weights  # noqa: E402
+from nmt_serve.model.config import PRESETS  # noqa: E402
+from nmt_serve.model.padding import pad_sources  # noqa: E402
+from nmt_serve.model.search import FinishReason, SearchOptions, generate  # noqa: E402
+from nmt_serve.model.tokenizer import Tokenizer  # noqa: E402
+from nmt_serve.model.torch_step import TorchStep  # noqa: E402
+from nmt_serve.model.transformer import Transformer  # noqa: E402
 
 TEXTS = ["Ich sehe den Hund.", "I see the dog.", "Wir mögen Kaffee heute.", "We like coffee today."]
 SOURCE_TEXTS = ["Ich sehe den Hund.", "Kaffee", "Wir mögen den großen Hund heute nicht."]  # 3 lengths

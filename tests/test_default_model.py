@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from export.manifest import load_model_dir
-from export.ort_step import OrtStep
-from export.self_check import check_host, load_reference
-from model.search import SearchOptions, generate
-from model.tokenizer import Tokenizer
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.runtime.manifest import load_model_dir
+from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.self_check import check_host, load_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT / "artifacts" / "de-en-small"
@@ -72,8 +72,8 @@ def test_default_model_dir_self_check_passes_on_this_host(precision: str) -> Non
 
 @pytest.mark.skipif(not DING.exists(), reason="needs the Debian package trans-de-en for the held-out test set")
 def test_default_checkpoint_eval_reproduces_recorded_bleu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from model.corpus import main as corpus_main
-    from model.evaluate import main as eval_main
+    from nmt_serve.model.corpus import main as corpus_main
+    from nmt_serve.model.evaluate import main as eval_main
 
     assert corpus_main(["--out", str(tmp_path / "corpus")]) == 0
     recorded = json.loads((CHECKPOINT / "train.json").read_text())["test"]["beam4"]

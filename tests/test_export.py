@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import pytest
 
-from export import step_cache
-from export.manifest import ModelDirError, load_model_dir
-from export.onnx_export import main as export_main
-from export.ort_step import OrtStep
-from export.parity import run_parity
-from model.checkpoint import load_checkpoint
-from model.torch_step import TorchStep
+from nmt_serve.export.onnx_export import main as export_main
+from nmt_serve.export.parity import run_parity
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.runtime import step_cache
+from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
+from nmt_serve.runtime.ort_step import OrtStep
 
 
 @pytest.fixture(scope="session")
@@ -261,7 +261,7 @@ def test_model_dir_unloadable_onnx_named_even_with_matching_hash(fp32_dir: Path,
     broken = copy_dir(fp32_dir, tmp_path)
     (broken / "encoder.onnx").write_bytes(b"not an onnx model")
     manifest = json.loads((broken / "manifest.json").read_text())
-    from export.manifest import sha256_file
+    from nmt_serve.runtime.manifest import sha256_file
 
     manifest["files"]["encoder.onnx"] = sha256_file(broken / "encoder.onnx")
     (broken / "manifest.json").write_text(json.dumps(manifest))

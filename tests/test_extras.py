@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from model.extras import require_extra
+from nmt_serve.model.extras import require_extra
 
 
 def test_require_extra_passes_when_the_modules_are_there() -> None:

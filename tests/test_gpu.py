@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from export.ort_step import available_providers
-from model.search import SearchOptions
-from server.engine import Engine
-from server.runtime import Runtime, RuntimeSettings
+from nmt_serve.model.search import SearchOptions
+from nmt_serve.runtime.ort_step import available_providers
+from nmt_serve.server.engine import Engine
+from nmt_serve.server.runtime import Runtime, RuntimeSettings
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from model.corpus import clean_gettext_string, main
-from model.help_corpus import aligned_pairs, read_help, split_sentences, unit_texts
+from nmt_serve.model.corpus import clean_gettext_string, main
+from nmt_serve.model.help_corpus import aligned_pairs, read_help, split_sentences, unit_texts
 from tests.test_corpus import write_ding, write_mo
 
 GERMAN_PAGE = """<html><body><div id="DisplayArea">

@@ -1,4 +1,4 @@
-"""Import rules (docs/architecture.md): one-way data flow, and a serving path free of torch and onnx."""
+"""Import rules (docs/architecture.md): one namespace, one-way data flow, and a serving path free of torch, onnx and export."""
 
 from __future__ import annotations
 
@@ -10,42 +10,59 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "export", "server", "client", "bench")
-# package -> top-level packages it must never import
+NAMESPACE = "nmt_serve"
+PACKAGES = ("model", "export", "runtime", "server", "client", "bench", "protos")
+# package -> what it must never import: our packages by name, third-party ones by their top-level name
 FORBIDDEN = {
-    "model": {"export", "server", "client", "bench"},
+    "model": {"export", "runtime", "server", "client", "bench"},
+    "runtime": {"export", "server", "client", "bench", "torch", "onnx", "onnxscript"},
     "export": {"server", "client", "bench"},
-    "server": {"client", "bench", "torch", "onnx", "onnxscript"},
-    "client": {"server", "bench", "torch", "onnx", "onnxscript"},
+    "server": {"export", "client", "bench", "torch", "onnx", "onnxscript"},
+    "client": {"export", "server", "bench", "torch", "onnx", "onnxscript"},
 }
-# Modules the torch-free server may share.
-TORCH_FREE_MODULES = ["model.config", "model.tokenizer", "model.search", "model.padding", "export.manifest", "export.ort_step",
-                      "server.main", "client.cli"]  # fmt: skip
+# Entry modules of the serving path: importing them must load neither torch nor onnx.
+TORCH_FREE_MODULES = ["nmt_serve.model.config", "nmt_serve.model.tokenizer", "nmt_serve.model.search", "nmt_serve.model.padding",
+                      "nmt_serve.runtime.manifest", "nmt_serve.runtime.ort_step", "nmt_serve.runtime.self_check", "nmt_serve.server.main",
+                      "nmt_serve.client.cli", "nmt_serve.export.parity_command"]  # fmt: skip
 
 
-def imported_packages(path: Path) -> set[str]:
+def imported_names(path: Path) -> set[str]:
+    """What a file imports: our packages as their name under the namespace, anything else by its top-level name."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
+    modules: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            modules += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            modules.append(node.module)
+    return {parts[1] if parts[0] == NAMESPACE and len(parts) > 1 else parts[0] for parts in (module.split(".") for module in modules)}
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_imports_follow_the_one_way_rules(package: str) -> None:
     offenders = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        bad = imported_packages(path) & FORBIDDEN[package]
+        bad = imported_names(path) & FORBIDDEN[package]
         if bad:
             offenders.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(bad))}")
     assert not offenders, "\n".join(offenders)
 
 
+def test_imports_go_through_the_namespace() -> None:
+    """A bare `import server` would work from the repository root but not from an installed wheel."""
+    offenders = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.relative_to(ROOT).parts[0] in {".venv", "build", "artifacts", "data"}:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] in PACKAGES]
+    assert not offenders, "\n".join(offenders)
+
+
 @pytest.mark.parametrize("module", TORCH_FREE_MODULES)
-def test_shared_modules_load_without_torch_or_onnx(module: str) -> None:
+def test_serving_modules_load_without_torch_or_onnx(module: str) -> None:
     code = f"import sys, {module}; print(sorted({{'torch', 'onnx'}} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", f"{module} pulls in {result.stdout.strip()}"

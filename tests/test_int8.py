@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.optimize import INT8_SCHEMES, convert_to_int8
-from export.ort_step import make_session
+from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
+from nmt_serve.runtime.ort_step import make_session
 
 ROWS, DEPTH, COLUMNS = 8, 64, 16
 

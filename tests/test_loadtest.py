@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.balancer import free_port
-from client.health import main as health_main
-from client.loadtest import SAMPLE_TEXTS, load_texts
-from client.loadtest import main as loadtest_main
+from nmt_serve.bench.balancer import free_port
+from nmt_serve.client.health import main as health_main
+from nmt_serve.client.loadtest import SAMPLE_TEXTS, load_texts
+from nmt_serve.client.loadtest import main as loadtest_main
 from tests.serving import RunningServer, server_settings
 
 

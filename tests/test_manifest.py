@@ -1,4 +1,4 @@
-"""Tests for export/manifest.py: writing, loading and refusing model dirs (dummy graph bytes; no ONNX parsed)."""
+"""Tests for runtime/manifest.py: writing, loading and refusing model dirs (dummy graph bytes; no ONNX parsed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from export.manifest import (
+from nmt_serve.model.config import PRESETS
+from nmt_serve.runtime.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     GraphSpec,
@@ -24,7 +25,6 @@ from export.manifest import (
     update_parity,
     write_manifest,
 )
-from model.config import PRESETS
 
 DUMMY_FILES = {
     "encoder.onnx": b"dummy encoder graph bytes",
@@ -250,5 +250,5 @@ def test_update_parity_keeps_hashes_valid(model_dir: Path) -> None:
 
 def test_manifest_module_imports_without_torch_or_onnx() -> None:
     # The server image carries neither; a stray import here would break it only in deployment.
-    code = "import sys, export.manifest; bad = {'torch', 'onnx', 'onnxruntime'} & set(sys.modules); assert not bad, bad"
+    code = "import sys, runtime.manifest; bad = {'torch', 'onnx', 'onnxruntime'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from bench.engine_bench import format_ceilings
-from bench.matmul_ceiling import MatmulCeiling, optimized_decoder, weight_products_model
-from bench.systems import Cell
-from export.manifest import load_model_dir
-from export.optimize import convert_to_int8
+from nmt_serve.bench.engine_bench import format_ceilings
+from nmt_serve.bench.matmul_ceiling import MatmulCeiling, optimized_decoder, weight_products_model
+from nmt_serve.bench.systems import Cell
+from nmt_serve.export.optimize import convert_to_int8
+from nmt_serve.runtime.manifest import load_model_dir
 
 
 def decoder_path(model_dir: Path) -> Path:

@@ -11,9 +11,9 @@ import grpc
 import pytest
 import yaml
 
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
-from server.settings import ServerSettings
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
+from nmt_serve.server.settings import ServerSettings
 from tests.serving import RunningServer, Samples, scrape_until, server_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import grpc
 import pytest
 import yaml
 
-from bench.balancer import free_port
-from protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.bench.balancer import free_port
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, query, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from protos.generate import PROTO_FILES, PROTO_ROOT, ROOT, generate
+from nmt_serve.protos.generate import PROTO_FILES, PROTO_ROOT, ROOT, generate
 
 TRANSLATION_PROTO = "nmt/translation/v1/translation.proto"
 
@@ -44,14 +44,14 @@ def test_every_field_enum_value_and_rpc_has_a_comment() -> None:
 
 
 def test_enum_zero_values_end_in_unspecified() -> None:
-    from protos.nmt.translation.v1 import translation_pb2 as pb
+    from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 
     for enum in pb.DESCRIPTOR.enum_types_by_name.values():
         assert enum.values_by_number[0].name.endswith("_UNSPECIFIED"), enum.name
 
 
 def test_generated_code_registers_the_proto_under_its_import_root_path() -> None:
-    from protos.nmt.translation.v1 import translation_pb2 as pb
+    from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 
     assert pb.DESCRIPTOR.name == TRANSLATION_PROTO
 
@@ -73,9 +73,9 @@ def test_generated_code_imports_beside_code_a_user_compiled(tmp_path: Path, firs
 
 def test_generated_messages_pickle_through_the_package_module() -> None:
     # multiprocessing and caches pickle messages; unpickling imports the class by its __module__.
-    from protos.nmt.translation.v1 import translation_pb2 as pb
+    from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 
-    assert pb.Hypothesis.__module__ == "protos.nmt.translation.v1.translation_pb2"
+    assert pb.Hypothesis.__module__ == "nmt_serve.protos.nmt.translation.v1.translation_pb2"
     hypothesis = pb.Hypothesis(text="the dog", score=-0.5, token_count=3, finish_reason=pb.FINISH_REASON_EOS)
     assert pickle.loads(pickle.dumps(hypothesis)) == hypothesis
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
-from model.search import (
+from nmt_serve.model.search import (
     BeamSearch,
     FinishReason,
     GreedySearch,

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.host import INT8_FEATURES, cpu_facts, describe_cpu
-from export.manifest import load_model_dir, write_manifest
-from export.ort_step import OrtStep
-from export.parity_command import main as parity_main
-from export.self_check import (
+from nmt_serve.export.parity_command import main as parity_main
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.runtime.host import INT8_FEATURES, cpu_facts, describe_cpu
+from nmt_serve.runtime.manifest import load_model_dir, write_manifest
+from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.self_check import (
     SELF_CHECK_BOUNDS,
     SELF_CHECK_FILE,
     SELF_CHECK_SENTENCES,
@@ -23,8 +25,6 @@ from export.self_check import (
     forced_log_probs,
     load_reference,  # fmt: skip
 )
-from model.checkpoint import load_checkpoint
-from model.torch_step import TorchStep
 
 
 def reference_of(model_dir: Path) -> dict:

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.balancer import free_port
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
+from nmt_serve.bench.balancer import free_port
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
+from nmt_serve.server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
 from tests.serving import RunningServer, Samples, scrape_until, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def start_server(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     port_file = tmp_path / "port"
     port_file.unlink(missing_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+    process = subprocess.Popen([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
                                 "--threads", "1", "--metrics-port", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
     while not port_file.exists():
@@ -158,7 +158,7 @@ def copy_model_dir(model_dir: Path, tmp_path: Path) -> Path:
 
 
 def run_bad(model_dir: Path) -> tuple[int, str]:
-    result = subprocess.run([sys.executable, "-m", "server.main", str(model_dir), "--port", "0", "--metrics-port", "-1"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--metrics-port", "-1"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     return result.returncode, result.stdout + result.stderr
 
@@ -178,7 +178,7 @@ def test_row18_corrupt_file_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_p
 
 
 def test_row18_corrupt_tokenizer_with_a_matching_hash_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from export.manifest import sha256_file
+    from nmt_serve.runtime.manifest import sha256_file
 
     model = copy_model_dir(tiny_model_dir, tmp_path)
     (model / "tokenizer.json").write_text('{"version": "1.0", "model": ', encoding="utf-8")
@@ -200,7 +200,7 @@ def test_row18_wrong_manifest_version_exits_non_zero(tiny_model_dir: Path, tmp_p
 
 def test_translate_cli_prints_translations(served: Served) -> None:
     target = served.target
-    cli = [sys.executable, "-m", "client.cli", "--target", target]
+    cli = [sys.executable, "-m", "nmt_serve.client.cli", "--target", target]
     result = subprocess.run([*cli, "Ich sehe den Hund.", ""], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.split("\n")) == 3 and result.stdout.split("\n")[0] != ""  # the tiny model says little, but something

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from export.manifest import load_model_dir, write_manifest
-from export.self_check import SELF_CHECK_FILE
-from protos.nmt.translation.v1 import translation_pb2 as pb
-from server.main import main as serve_main
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.runtime.manifest import load_model_dir, write_manifest
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE
+from nmt_serve.server.main import main as serve_main
 from tests.serving import RunningServer, scrape, server_settings
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.settings import DEFAULT_MODEL_DIR, ServerSettings, env_name, parse_settings
+from nmt_serve.server.settings import DEFAULT_MODEL_DIR, ServerSettings, env_name, parse_settings
 
 
 def test_defaults_serve_the_shipped_model() -> None:

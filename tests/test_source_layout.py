@@ -1,4 +1,4 @@
-"""export/source_layout.py: the Python and numpy layouts agree, and a source keeps its place."""
+"""runtime/source_layout.py: the Python and numpy layouts agree, and a source keeps its place."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from export.source_layout import source_layout_numpy, source_layout_python
+from nmt_serve.runtime.source_layout import source_layout_numpy, source_layout_python
 
 # Held keys: each source in one place at most; -1 marks empty places (after a clear), any number of them.
 HELD = st.lists(st.integers(-1, 14), max_size=16).filter(lambda keys: len({key for key in keys if key >= 0}) == sum(key >= 0 for key in keys))

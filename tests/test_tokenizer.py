@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from model.tokenizer import SPECIAL_TOKENS, Tokenizer
+from nmt_serve.model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_serve.model.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TEXTS = ["Grüße aus München, sagte der Bär.", "Die Straße ist groß und schön.", "Good morning, how are you?"] * 20
 

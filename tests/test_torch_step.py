@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.config import PRESETS, ModelConfig
-from model.search import SearchOptions, generate
-from model.torch_step import TorchStep
-from model.transformer import Transformer
+from nmt_serve.model.config import PRESETS, ModelConfig
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.model.transformer import Transformer
 
 
 @pytest.fixture(scope="module")

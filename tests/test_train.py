@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.batching import make_batch, plan_batches
-from model.checkpoint import load_checkpoint
-from model.device import native_bf16, pick_device
-from model.evaluate import main as eval_main
-from model.train import TrainSettings, learning_rate
-from model.train import main as train_main
+from nmt_serve.model.batching import make_batch, plan_batches
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.device import native_bf16, pick_device
+from nmt_serve.model.evaluate import main as eval_main
+from nmt_serve.model.train import TrainSettings, learning_rate
+from nmt_serve.model.train import main as train_main
 
 
 def train_args(corpus: dict[str, Path], out: Path, max_steps: int) -> list[str]:
@@ -191,7 +191,7 @@ def test_train_restart_from_shipped_weights_continues_from_the_last_step(tiny_co
 
 
 def test_restart_scale_ramps_the_learning_rate_back_up() -> None:
-    from model.train import Progress, restart_scale
+    from nmt_serve.model.train import Progress, restart_scale
 
     settings = TrainSettings(rewarmup_steps=4)
     assert restart_scale(Progress(step=100), settings) == 1.0  # no restart: no ramp
@@ -200,8 +200,8 @@ def test_restart_scale_ramps_the_learning_rate_back_up() -> None:
 
 
 def test_average_of_snapshots_is_their_mean(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from model.average import main as average_main
-    from model.checkpoint import save_weights
+    from nmt_serve.model.average import main as average_main
+    from nmt_serve.model.checkpoint import save_weights
 
     model = load_checkpoint(tiny_checkpoint).model
     first, second = tmp_path / "a", tmp_path / "b"

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.checkpoint import load_checkpoint
-from model.search import SearchOptions, generate
-from model.torch_step import TorchStep
-from model.train import main as train_main
+from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.model.train import main as train_main
 from tests.test_train import train_args
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU here")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.config import BOS_ID, PRESETS, ModelConfig
-from model.transformer import Transformer, sinusoidal_table
+from nmt_serve.model.config import BOS_ID, PRESETS, ModelConfig
+from nmt_serve.model.transformer import Transformer, sinusoidal_table
 
 TOL = 1e-5
 

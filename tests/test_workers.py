@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.workers import CPU_AUTO_ROWS, GPU_AUTO_ROWS, MAX_AUTO_ENGINES, WorkerPlan, plan_workers
+from nmt_serve.server.workers import CPU_AUTO_ROWS, GPU_AUTO_ROWS, MAX_AUTO_ENGINES, WorkerPlan, plan_workers
 
 
 @pytest.mark.parametrize(("engines", "threads", "on_gpu", "cores", "plan"), [

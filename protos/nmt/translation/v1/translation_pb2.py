@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$nmt/translation/v
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.nmt.translation.v1.translation_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nmt_serve.protos.nmt.translation.v1.translation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\022nmt.translation.v1B\020TranslationProtoP\001Z1nmt-serve/gen/go/nmt/translation/v1;translationv1\242\002\003NTX\252\002\022Nmt.Translation.V1\312\002\022Nmt\\Translation\\V1\352\002\024Nmt::Translation::V1'

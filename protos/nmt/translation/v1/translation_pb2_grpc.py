@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.nmt.translation.v1 import translation_pb2 as nmt_dot_translation_dot_v1_dot_translation__pb2
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as nmt_dot_translation_dot_v1_dot_translation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
