@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the server, defined once (DESIGN section 8): prefix nmt_, base units, few labels.
+"""Every Prometheus metric of the server, defined once: prefix nmt_, base units, few labels.
 
 Each server owns its registry (tests run several servers in one process); process and Python
 collectors are registered on it too. The engine and scheduler report through small observer

@@ -1,4 +1,4 @@
-"""The one place where failures become gRPC status codes (DESIGN section 6, RELIABILITY.md)."""
+"""The one place where failures become gRPC status codes (docs/api.md has the table)."""
 
 from __future__ import annotations
 
