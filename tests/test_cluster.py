@@ -4,6 +4,7 @@ the Debian prometheus (deploy/prometheus.yml), all on loopback; docker-compose.y
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import re
 import shutil
 import signal
@@ -28,8 +29,45 @@ COMPOSE = shutil.which("docker-compose")
 
 
 @pytest.mark.skipif(COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose; .ci/run does)")
+def compose_config(**settings: str) -> subprocess.CompletedProcess:
+    """`docker-compose config` with only `settings` among the compose file's variables set."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("NMT_", "GRAFANA_"))} | settings
+    return subprocess.run([COMPOSE, "config"], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)  # type: ignore[list-item]
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose; .ci/run does)")
+def test_compose_defaults_are_safe() -> None:
+    # Grafana's admin password is required: no default credentials.
+    missing = compose_config()
+    assert missing.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in missing.stderr
+    result = compose_config(GRAFANA_ADMIN_PASSWORD="not-a-default")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    published = {name: [str(port) for port in service["ports"]] for name, service in services.items() if service.get("ports")}
+    assert set(published) == {"balancer-gpu", "balancer-cpu", "prometheus", "grafana"}
+    # Every published port is bound to loopback unless NMT_BIND says otherwise.
+    assert all(port.startswith("127.0.0.1:") for ports in published.values() for port in ports), published
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and "GF_AUTH_ANONYMOUS_ORG_ROLE" not in grafana
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "not-a-default" and grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    for name in ("translator-gpu", "translator-cpu"):
+        environment = services[name]["environment"]
+        assert environment["NMT_AUTH_TOKEN"] == environment["NMT_TLS_CERT"] == environment["NMT_TLS_KEY"] == ""
+    # The bind address, the token and the TLS files are compose settings.
+    chosen = compose_config(GRAFANA_ADMIN_PASSWORD="x", NMT_BIND="127.0.0.2", NMT_AUTH_TOKEN="t0ken",
+                            NMT_TLS_CERT="/run/nmt-tls/cert.pem", NMT_TLS_KEY="/run/nmt-tls/key.pem")  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    services = yaml.safe_load(chosen.stdout)["services"]
+    assert [str(port) for port in services["balancer-cpu"]["ports"]] == ["127.0.0.2:8080:8080/tcp"]
+    environment = services["translator-cpu"]["environment"]
+    assert (environment["NMT_AUTH_TOKEN"], environment["NMT_TLS_CERT"], environment["NMT_TLS_KEY"]) == \
+        ("t0ken", "/run/nmt-tls/cert.pem", "/run/nmt-tls/key.pem")
+    assert any(str(volume).endswith(":/run/nmt-tls:ro") for volume in services["translator-cpu"]["volumes"])
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose; .ci/run does)")
 def test_compose_file_is_valid_and_wires_the_stack() -> None:
-    result = subprocess.run([COMPOSE, "config"], cwd=ROOT, capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    result = compose_config(GRAFANA_ADMIN_PASSWORD="not-a-default")
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
@@ -46,6 +84,8 @@ def test_compose_file_is_valid_and_wires_the_stack() -> None:
         assert services[balancer]["depends_on"][translator]["condition"] == "service_healthy"
     assert services["loadtest"]["profiles"] == ["loadtest"] and "balancer:8080" in services["loadtest"]["command"]
     assert any("deploy/grafana/provisioning" in str(volume) for volume in services["grafana"]["volumes"])
+    # Prometheus gets the alert rules next to its config, where deploy/prometheus.yml's rule_files looks.
+    assert any(str(volume).endswith("deploy/alerts.yml:/etc/prometheus/alerts.yml:ro") for volume in services["prometheus"]["volumes"])
 
 
 def start_replica(model_dir: Path, work: Path, name: str) -> tuple[subprocess.Popen, int, int]:
@@ -70,6 +110,7 @@ def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[dict]:
         processes.append(balancer.process)
         prometheus_config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
         prometheus_config["global"]["scrape_interval"] = "1s"
+        prometheus_config["rule_files"] = [str(ROOT / "deploy" / "alerts.yml")]
         for job in prometheus_config["scrape_configs"]:
             job.pop("dns_sd_configs")
             job["static_configs"] = [{"targets": [f"127.0.0.1:{metrics}" for _, _, metrics in replicas]}]

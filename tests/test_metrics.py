@@ -136,3 +136,15 @@ def test_prometheus_config_scrapes_the_default_metrics_port() -> None:
     config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
     ports = [sd["port"] for job in config["scrape_configs"] for sd in job["dns_sd_configs"]]
     assert ports == [ServerSettings().metrics_port]
+
+
+def test_dashboard_filters_by_instance_and_splits_latency_by_method() -> None:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert "instance" in variables and variables["instance"]["includeAll"]
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    # Every selector of a server metric is narrowed to the chosen replicas.
+    selectors = re.findall(r"\bnmt_[a-z_]+(\{[^}]*\})?", expressions and "\n".join(expressions))
+    assert selectors and all('instance=~"$instance"' in selector for selector in selectors), selectors
+    latency = [expr for expr in expressions if "nmt_request_duration_seconds_bucket" in expr and "histogram_quantile" in expr]
+    assert latency and all("by (method, le)" in expr for expr in latency), latency

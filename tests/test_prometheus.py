@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import urllib.request
@@ -27,6 +28,7 @@ def prometheus_on(tmp_path: Path, tiny_model_dir: Path) -> Iterator[tuple[Runnin
     with RunningServer(server_settings(tiny_model_dir)) as server:
         config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
         config["global"]["scrape_interval"] = "1s"  # the shipped 5 s, shortened so the test is quick
+        config["rule_files"] = [str(ROOT / "deploy" / rule_file) for rule_file in config["rule_files"]]  # relative to the shipped file
         for job in config["scrape_configs"]:
             # The compose file finds replicas through Docker's DNS; here the one replica is on loopback.
             job.pop("dns_sd_configs")
@@ -78,3 +80,22 @@ def test_prometheus_scrapes_request_counts_the_client_saw(prometheus_on: tuple[R
     assert query(port, 'histogram_quantile(0.99, sum by (le) (nmt_request_duration_seconds_bucket{method="Translate"}))')
     info = query(port, "nmt_model_info")
     assert info and info[0]["metric"]["precision"] == "fp32"
+
+
+def test_prometheus_loads_the_alert_rules(prometheus_on: tuple[RunningServer, int]) -> None:
+    """deploy/alerts.yml loads, and with one healthy replica scraped, no replica alert fires."""
+    _, port = prometheus_on
+    shipped = {rule["alert"] for group in yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text(encoding="utf-8"))["groups"]
+               for rule in group["rules"]}  # fmt: skip
+
+    def loaded() -> dict[str, str] | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5) as response:
+            groups = json.load(response)["data"]["groups"]
+        states = {rule["name"]: rule["state"] for group in groups for rule in group["rules"] if rule["type"] == "alerting"}
+        evaluated = all(rule.get("lastEvaluation", "").startswith("20") for group in groups for rule in group["rules"])
+        return states if set(states) == shipped and evaluated else None
+
+    assert wait_for(loaded, 30), "alert rules not loaded"
+    assert wait_for(lambda: query(port, 'up{job="nmt"} == 1'), 30)
+    states = loaded()
+    assert states and states["NmtReplicaDown"] == states["NmtReplicaNotReady"] == states["NmtSelfCheckBeyondBound"] == "inactive", states
