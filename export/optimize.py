@@ -39,13 +39,14 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
       under the lane's 32767, so the products are exact on AVX2, AVX-512 and VNNI alike, and the
       fast u8s8 kernels (VNNI's included) still run.
     - u8u8: 8-bit unsigned weights, multiplied in 16-bit lanes that accumulate in 32 bits: exact
-      everywhere too, but 5-34% fewer tokens/s on an AVX2 core and off the VNNI kernels.
+      everywhere too, level at batch 1 but 6-14% fewer tokens/s at 8-32 rows on an AVX2 core, and off
+      the VNNI kernels.
     - u8s8: 8-bit signed weights: exact on VNNI, saturating without it, so a model dir's outputs
       depend on the CPU (on an AVX2-only core 75% of held-out greedy outputs equal fp32's, against 83-84%
       for the exact schemes).
     - u8s8-fp32-logits: u8s8 with the vocabulary projection left in fp32.
     - w8-fp32: 8-bit weights in blocks of 32 (MatMulNBits), dequantized and multiplied in fp32:
-      exact everywhere and the closest to fp32, but 1.7-9x slower than fp32 on ONNX Runtime's CPU kernels.
+      exact everywhere and the closest to fp32, but 1.6-11x slower than fp32 on ONNX Runtime's CPU kernels.
     bench/results/int8_schemes.md has the measurements (nmt-int8-schemes).
 
     Pre-processing first: without it the tied output projection (a transposed embedding) stays
