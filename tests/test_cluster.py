@@ -176,7 +176,7 @@ def test_load_through_nginx_reaches_both_replicas_and_survives_losing_one(cluste
     assert victim.wait(30) == 0
     failed_first = [(index, codes) for index, codes in enumerate(results) if codes[0] != "OK"]
     # Report exactly which calls needed a retry and why; every call ends OK after the client's retries. The drain
-    # makes a CANCELLED rare (tests/test_serve_process.py row 17), but grpc core can still send one to a call
+    # makes a CANCELLED rare (tests/test_serve_process.py, the drain tests), but grpc core can still send one to a call
     # that arrives in the instant the server stops.
     print(f"calls retried after the replica stopped: {failed_first}")
     assert all(codes[-1] == "OK" for codes in results), failed_first

@@ -1,4 +1,4 @@
-"""nmt-serve as its own process: SIGTERM under load (row 17), bad model dirs (row 18), TLS (row 21), the client CLI."""
+"""nmt-serve as its own process: SIGTERM under load, bad model dirs, TLS, the client CLI."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def admitted(samples: Samples) -> float:
     return samples[("nmt_queue_depth", ())] + samples[("nmt_active_requests", ())] + answered
 
 
-def test_row17_sigterm_under_load_loses_no_admitted_request(served: Served) -> None:
+def test_serve_sigterm_under_load_loses_no_admitted_request(served: Served) -> None:
     process, target = served.process, served.target
     request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(beam_size=4, min_output_tokens=90, max_output_tokens=90))
     with grpc.insecure_channel(target) as channel:
@@ -87,7 +87,7 @@ def test_row17_sigterm_under_load_loses_no_admitted_request(served: Served) -> N
     assert "draining" in output and "stopped" in output
 
 
-def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_dir: Path) -> None:
+def test_serve_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_dir: Path) -> None:
     """grpc core ends calls it holds unhanded at server stop CANCELLED (grpc/grpc#41785); the drain therefore keeps
     answering UNAVAILABLE until no call has arrived for DRAIN_QUIET_S, at most DRAIN_QUIET_MAX_S. Arrivals are
     simulated by setting the clock's last arrival (a thread that calls could be descheduled on a busy machine)."""
@@ -112,7 +112,7 @@ def test_row17_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_di
         assert time.monotonic() - started >= DRAIN_QUIET_MAX_S
 
 
-def test_row17_refusals_of_the_last_drain_phase_are_held_until_the_port_closes(tiny_model_dir: Path) -> None:
+def test_serve_refusals_of_the_last_drain_phase_are_held_until_the_port_closes(tiny_model_dir: Path) -> None:
     """While the drain waits for calls to stop arriving, refusals are held and answered together just before the port
     closes: a client that backs off after its UNAVAILABLE is then waiting, not sending, when grpc core stops (a call
     core holds unhanded at that moment ends CANCELLED, grpc/grpc#41785)."""
@@ -128,7 +128,7 @@ def test_row17_refusals_of_the_last_drain_phase_are_held_until_the_port_closes(t
         assert wait_for(lambda: not running.is_running(), 10)
 
 
-def test_row17_calls_cut_off_at_the_end_of_the_grace_period_are_logged_and_counted(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_serve_calls_cut_off_at_the_end_of_the_grace_period_are_logged_and_counted(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     request = pb.TranslateRequest(texts=["Ich sehe den Hund."], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
     with RunningServer(server_settings(tiny_model_dir, grace_s=0.1)) as running:
         decoder = running.server.runtime.decoder
@@ -163,12 +163,12 @@ def run_bad(model_dir: Path) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def test_row18_missing_model_dir_exits_non_zero_naming_it(tmp_path: Path) -> None:
+def test_serve_missing_model_dir_exits_non_zero_naming_it(tmp_path: Path) -> None:
     code, output = run_bad(tmp_path / "nowhere")
     assert code != 0 and "nowhere" in output
 
 
-def test_row18_corrupt_file_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_serve_corrupt_file_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = copy_model_dir(tiny_model_dir, tmp_path)
     with (model / "decoder.onnx").open("r+b") as handle:
         handle.seek(100)
@@ -177,7 +177,7 @@ def test_row18_corrupt_file_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_p
     assert code != 0 and "decoder.onnx" in output
 
 
-def test_row18_corrupt_tokenizer_with_a_matching_hash_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_serve_corrupt_tokenizer_with_a_matching_hash_exits_non_zero_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     from nmt_serve.runtime.manifest import sha256_file
 
     model = copy_model_dir(tiny_model_dir, tmp_path)
@@ -189,7 +189,7 @@ def test_row18_corrupt_tokenizer_with_a_matching_hash_exits_non_zero_naming_it(t
     assert code == 1 and "tokenizer.json" in output.replace(str(model), "")
 
 
-def test_row18_wrong_manifest_version_exits_non_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_serve_wrong_manifest_version_exits_non_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = copy_model_dir(tiny_model_dir, tmp_path)
     manifest = json.loads((model / "manifest.json").read_text())
     manifest["format_version"] = 99
@@ -216,7 +216,7 @@ def test_translate_cli_prints_translations(served: Served) -> None:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl binary not installed (apt-get install openssl)")
-def test_row21_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_serve_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
