@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmt_serve.model.search import SearchOptions
+from nmt_serve.model.sentences import split_spans
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.settings import ServerSettings
@@ -38,22 +39,37 @@ class Limits:
     max_source_tokens: int  # tokens of one text; EOS takes the last position
     max_output_tokens: int
     max_beam_size: int
+    max_sentences_per_text: int = 64  # with split_sentences on; each sentence is its own engine job
 
     @classmethod
     def from_settings(cls, settings: ServerSettings, max_positions: int) -> Limits:
-        return cls(settings.max_texts, settings.max_chars_per_text, max_positions - 1, max_positions, settings.max_beam_size)
+        return cls(settings.max_texts, settings.max_chars_per_text, max_positions - 1, max_positions, settings.max_beam_size,
+                   settings.max_sentences_per_text)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One engine input: text[start:end] of its Source (the whole text when splitting is off)."""
+
+    start: int
+    end: int
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Source:
-    """One text to translate; `blank` texts get an empty translation without entering the engine."""
+    """One text to translate, as its sentences; `blank` texts get an empty translation without entering the engine."""
 
     text: str
-    token_ids: tuple[int, ...]
+    sentences: tuple[Sentence, ...]
 
     @property
     def blank(self) -> bool:
-        return not self.token_ids
+        return not self.sentences
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return [(sentence.start, sentence.end) for sentence in self.sentences]
 
 
 @dataclass(frozen=True)
@@ -93,23 +109,38 @@ class RequestReader:
             if len(text) > limit:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} (max_chars_per_text)")
         search_options = self._options(options)
+        split = options.split_sentences if options.HasField("split_sentences") else True
+        # Spans first, for every text: a text over the sentence limit is refused before any tokenizing.
+        # Blank texts have no spans: they stay out of the tokenizer and the engine and translate to "".
+        spans = [split_spans(text) if split else ([(0, len(text))] if text.strip() else []) for text in texts]
+        limit = self.limits.max_sentences_per_text
+        for index, text_spans in enumerate(spans):
+            if len(text_spans) > limit:
+                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text_spans)} sentences; the limit is {limit} "
+                                     f"(max_sentences_per_text; set options.split_sentences to false to send it whole)")  # fmt: skip
         sources = []
-        for index, text in enumerate(texts):
-            # Blank texts stay out of the tokenizer and the engine; they translate to "".
-            token_ids = tuple(self.tokenizer.encode(text)) if text.strip() else ()
-            if len(token_ids) > self.limits.max_source_tokens:
-                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(token_ids)} tokens; "
-                                     f"the limit is {self.limits.max_source_tokens} (max_source_tokens)")  # fmt: skip
-            # One rule for the minimum: it may not pass the max in force, given or default (a default max that
-            # cut it short would drop it without a word).
-            longest = search_options.max_length(len(token_ids), self.limits.max_output_tokens)
-            if token_ids and search_options.min_output_tokens > longest:
-                given = ("options.max_output_tokens" if search_options.max_output_tokens is not None else
-                         f"the default max_output_tokens, {search_options.max_len_a:g} x its {len(token_ids)} source tokens + {search_options.max_len_b}")
-                raise InvalidRequest(f"options.min_output_tokens must be at most the max output tokens of {self._name(field, index, len(texts))} "
-                                     f"({longest}: {given}; set options.max_output_tokens), got {search_options.min_output_tokens}")  # fmt: skip
-            sources.append(Source(text, token_ids))
+        for index, (text, text_spans) in enumerate(zip(texts, spans, strict=True)):
+            sentences = []
+            for number, (start, end) in enumerate(text_spans):
+                name = self._name(field, index, len(texts)) + (f" sentence {number}" if split else "")
+                token_ids = tuple(self.tokenizer.encode(text[start:end]))
+                self._check_tokens(name, token_ids, search_options)
+                sentences.append(Sentence(start, end, token_ids))
+            sources.append(Source(text, tuple(sentences)))
         return Task(tuple(sources), search_options)
+
+    def _check_tokens(self, name: str, token_ids: tuple[int, ...], search_options: SearchOptions) -> None:
+        """One engine input's source length, and the min output length against the max in force for it."""
+        if len(token_ids) > self.limits.max_source_tokens:
+            raise InvalidRequest(f"{name} has {len(token_ids)} tokens; the limit is {self.limits.max_source_tokens} (max_source_tokens)")
+        # One rule for the minimum: it may not pass the max in force, given or default (a default max that
+        # cut it short would drop it without a word).
+        longest = search_options.max_length(len(token_ids), self.limits.max_output_tokens)
+        if token_ids and search_options.min_output_tokens > longest:
+            given = ("options.max_output_tokens" if search_options.max_output_tokens is not None else
+                     f"the default max_output_tokens, {search_options.max_len_a:g} x its {len(token_ids)} source tokens + {search_options.max_len_b}")
+            raise InvalidRequest(f"options.min_output_tokens must be at most the max output tokens of {name} "
+                                 f"({longest}: {given}; set options.max_output_tokens), got {search_options.min_output_tokens}")  # fmt: skip
 
     @staticmethod
     def _name(field: str, index: int, count: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,10 +13,11 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from nmt_serve.model.search import FinishReason, Hypothesis
+from nmt_serve.model.search import FinishReason, Hypothesis, SearchOptions
+from nmt_serve.model.sentences import join
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.requests import InvalidRequest, Limits, RequestReader, Task
+from nmt_serve.server.requests import InvalidRequest, Limits, RequestReader, Sentence, Source, Task
 from nmt_serve.server.runtime import Runtime
 from nmt_serve.server.scheduler import Rejected, Scheduler
 from nmt_serve.server.settings import ServerSettings
@@ -64,11 +66,13 @@ class TranslationService:
         async def answer() -> pb.TranslateResponse:
             task = self.reader.translate(self._parsed(request))
             deadline = self._deadline(context)
-            # A TaskGroup cancels the other texts' jobs as soon as one fails, so none runs on unanswered.
+            # Every sentence of every text is its own job, all submitted at once so that they share batches.
+            # A TaskGroup cancels the other jobs as soon as one fails, so none runs on unanswered.
             async with asyncio.TaskGroup() as group:
-                jobs = [group.create_task(self._translate_one(source.token_ids, task, deadline)) for source in task.sources]
-            nbests = [job.result() for job in jobs]
-            translations = [pb.Translation(hypotheses=[self._hypothesis(h) for h in nbest]) for nbest in nbests]
+                jobs = [[group.create_task(self._translate_one(sentence.token_ids, self._sentence_options(task, number), deadline))
+                         for number, sentence in enumerate(source.sentences)] for source in task.sources]  # fmt: skip
+            translations = [pb.Translation(hypotheses=self._joined(source, [job.result() for job in text_jobs]))
+                            for source, text_jobs in zip(task.sources, jobs, strict=True)]  # fmt: skip
             return pb.TranslateResponse(translations=translations, model=self.reader.model_name)
 
         self.calls_running += 1
@@ -86,21 +90,8 @@ class TranslationService:
             if source.blank:
                 yield pb.TranslateStreamResponse(final=True, hypotheses=[self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))])
                 return
-            deadline = self._deadline(context)
-            # Forced target-prefix tokens arrive through the stream like chosen ones.
-            token_ids: list[int] = []
-            sent = ""
-            async for event in self.scheduler.stream(source.token_ids, task.options, deadline):
-                if isinstance(event, np.ndarray):
-                    token_ids.extend(int(token) for token in event if token != self.runtime.config.eos_id)
-                    delta, sent = self._delta(token_ids, sent)
-                    if delta:
-                        yield pb.TranslateStreamResponse(text_delta=delta)
-                    continue
-                hypotheses = [self._hypothesis(h) for h in event]
-                # The deltas must add up to the final best text, whatever the tokenizer did at the end.
-                tail = hypotheses[0].text[len(sent):] if hypotheses[0].text.startswith(sent) else ""
-                yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
+            async for message in self._stream_sentences(source, task, self._deadline(context)):
+                yield message
         except (asyncio.CancelledError, GeneratorExit):
             # GeneratorExit: the client went away while the stream waited at a yield, and grpcio closed the generator.
             code = self._cancel_code(context)
@@ -121,6 +112,7 @@ class TranslationService:
                 max_source_tokens=self.limits.max_source_tokens, max_output_tokens=self.limits.max_output_tokens,
                 max_beam_size=self.limits.max_beam_size, max_message_bytes=settings.max_message_bytes,
                 max_queued_requests=settings.max_queued_requests, default_deadline_seconds=settings.default_deadline_s,
+                max_sentences_per_text=self.limits.max_sentences_per_text,
             )  # fmt: skip
             checked = self.runtime.host_check
             host_check = pb.HostCheck() if checked is None else pb.HostCheck(
@@ -177,13 +169,90 @@ class TranslationService:
         remaining = context.time_remaining()
         return time.monotonic() + min(self.settings.default_deadline_s if remaining is None else remaining, self.settings.max_deadline_s)
 
-    async def _translate_one(self, token_ids: tuple[int, ...], task: Task, deadline: float) -> list[Hypothesis]:
-        if not token_ids:
-            return [Hypothesis((), 0.0, FinishReason.EOS)]  # blank text: no engine slot
-        return await self.scheduler.translate(token_ids, task.options, deadline)
+    async def _translate_one(self, token_ids: tuple[int, ...], options: SearchOptions, deadline: float) -> list[Hypothesis]:
+        return await self.scheduler.translate(token_ids, options, deadline)
 
-    def _hypothesis(self, hypothesis: Hypothesis) -> pb.Hypothesis:
-        return pb.Hypothesis(text=self.tokenizer.decode(hypothesis.token_ids), score=hypothesis.score,
+    @staticmethod
+    def _sentence_options(task: Task, number: int) -> SearchOptions:
+        """The target prefix starts the text, so only its first sentence is forced to it."""
+        if number == 0 or not task.options.target_prefix:
+            return task.options
+        return dataclasses.replace(task.options, target_prefix=())
+
+    async def _stream_sentences(self, source: Source, task: Task, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
+        """Every sentence runs at once; greedy sends each one's text in order, the original whitespace between them.
+
+        Beam search sends nothing before the joined n-best (a beam's best row can change every step).
+        """
+        streaming = task.options.beam_size == 1
+        queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in source.sentences]
+        pumps = [asyncio.create_task(self._pump(sentence, self._sentence_options(task, number), deadline, queue))
+                 for number, (sentence, queue) in enumerate(zip(source.sentences, queues, strict=True))]  # fmt: skip
+        try:
+            nbests: list[list[Hypothesis]] = []
+            # Text owed to the client: the whitespace before the next sentence, and a finished sentence's tail
+            # (what its last tokens added); it goes out with the next delta, or with the final message.
+            pending, cut = "", 0
+            for sentence, queue in zip(source.sentences, queues, strict=True):
+                pending += source.text[cut:sentence.start]
+                cut = sentence.end
+                # Forced target-prefix tokens arrive through the stream like chosen ones.
+                token_ids: list[int] = []
+                sent = ""
+                while True:
+                    event = await queue.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    if not isinstance(event, np.ndarray):
+                        nbests.append(event)
+                        break
+                    token_ids.extend(int(token) for token in event if token != self.runtime.config.eos_id)
+                    delta, sent = self._delta(token_ids, sent)
+                    if delta and streaming:
+                        yield pb.TranslateStreamResponse(text_delta=pending + delta)
+                        pending = ""
+                # The deltas must add up to the final best text, whatever the tokenizer did at the end.
+                text = self.tokenizer.decode(nbests[-1][0].token_ids)
+                pending += text[len(sent):] if text.startswith(sent) else ""
+            hypotheses = self._joined(source, nbests)
+            tail = pending + source.text[cut:] if streaming else hypotheses[0].text
+            yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+
+    async def _pump(self, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
+        """One sentence's stream into its queue, a failure included, so the sentences ahead of it need not wait."""
+        try:
+            async for event in self.scheduler.stream(sentence.token_ids, options, deadline):
+                queue.put_nowait(event)
+        except Exception as error:  # noqa: BLE001 - handed to the call, which answers with its status
+            queue.put_nowait(error)
+
+    def _joined(self, source: Source, nbests: list[list[Hypothesis]]) -> list[pb.Hypothesis]:
+        """A text's n-best from its sentences' (the rules are the proto's, at DecodingOptions.split_sentences)."""
+        if source.blank:
+            return [self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))]  # no engine slot
+        if len(nbests) == 1:
+            (start, end), = source.spans
+            return [self._hypothesis(h, source.text[:start], source.text[end:]) for h in nbests[0]]
+        joined = []
+        for rank in range(max(len(nbest) for nbest in nbests)):
+            picks = [nbest[min(rank, len(nbest) - 1)] for nbest in nbests]
+            text = join(source.text, source.spans, [self.tokenizer.decode(h.token_ids) for h in picks])
+            # Each sentence weighs the length its own score was normalised by: its tokens, plus EOS when it chose one.
+            weights = [len(h.token_ids) + (h.finish_reason is FinishReason.EOS) for h in picks]
+            score = sum(h.score * weight for h, weight in zip(picks, weights, strict=True)) / sum(weights)
+            reasons = [h.finish_reason for h in picks]
+            reason = (FinishReason.LENGTH if FinishReason.LENGTH in reasons else
+                      next((r for r in reasons if r is not FinishReason.EOS), FinishReason.EOS))  # fmt: skip
+            joined.append(pb.Hypothesis(text=text, score=score, token_count=sum(len(h.token_ids) for h in picks),
+                                        finish_reason=FINISH_REASONS[reason]))  # fmt: skip
+        return joined
+
+    def _hypothesis(self, hypothesis: Hypothesis, before: str = "", after: str = "") -> pb.Hypothesis:
+        """`before` and `after`: the text's own whitespace around its only sentence."""
+        return pb.Hypothesis(text=before + self.tokenizer.decode(hypothesis.token_ids) + after, score=hypothesis.score,
                              token_count=len(hypothesis.token_ids), finish_reason=FINISH_REASONS[hypothesis.finish_reason])  # fmt: skip
 
     def _delta(self, token_ids: list[int], sent: str) -> tuple[str, str]:

@@ -26,6 +26,8 @@ class ServerSettings:
     max_texts: int = 64
     max_chars_per_text: int = 2000
     max_beam_size: int = 8
+    # Sentences in one text when split_sentences is on: each is its own engine job, so this bounds one text's share of the queue.
+    max_sentences_per_text: int = 64
     max_message_bytes: int = 1 << 20  # grpc receive limit; larger messages get RESOURCE_EXHAUSTED from grpcio
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
@@ -56,8 +58,8 @@ class ServerSettings:
 
     def validate(self) -> None:
         problems = []
-        for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_message_bytes", "max_queued_requests",
-                     "max_queued_tokens", "max_cache_tokens", "join_group"):  # fmt: skip
+        for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_sentences_per_text", "max_message_bytes",
+                     "max_queued_requests", "max_queued_tokens", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_rows", "join_wait_steps", "engines", "threads"):
@@ -84,6 +86,7 @@ MEANINGS = {
     "port": "0 = any free port (logged, and written to --port-file)",
     "metrics_port": "0 = any free port (logged); -1 = no endpoint",
     "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",
+    "max_sentences_per_text": "sentences in one text when split_sentences is on; each is its own engine job",
     "join_wait_steps": "a busy batch takes newcomers once join_group wait or the oldest waited this many steps; 0 = every step",
     "default_deadline_s": "applied when the client sets no deadline",
     "max_deadline_s": "the longest any call lives: longer client deadlines are cut to it, a request not arrived by then is DEADLINE_EXCEEDED",

@@ -376,3 +376,115 @@ def test_row13_garbage_on_the_socket_leaves_the_server_answering(stub, running: 
         with socket.create_connection((host, int(port)), timeout=5) as raw:
             raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03")
     assert stub.Translate(texts_request("Hund"), timeout=30).translations
+
+
+# ---------------------------------------------------------------- split_sentences
+
+
+PARAGRAPH = "  Ich sehe den Hund.\n\nWir mag Kaffee heute.   Du habe einen großen Zug nicht.\n"
+PARAGRAPH_GAPS = ("  ", "\n\n", "   ", "\n")  # the whitespace around and between its three sentences
+
+
+def alone(stub, text: str, **options: object) -> list[pb.Hypothesis]:  # type: ignore[no-untyped-def]
+    """The n-best of `text` sent whole, as one input."""
+    return list(stub.Translate(texts_request(text, split_sentences=False, **options), timeout=30).translations[0].hypotheses)
+
+
+def test_split_sentences_joins_each_sentence_alone_between_the_original_whitespace(stub) -> None:  # type: ignore[no-untyped-def]
+    # The first batches a fresh server runs can score a row a few hundredths apart from later ones with the same
+    # tokens (seen with split_sentences off too); a warm-up call keeps this test to the joining rules.
+    stub.Translate(texts_request(PARAGRAPH, GERMAN[0]), timeout=30)
+    bests = [alone(stub, sentence)[0] for sentence in GERMAN]
+    response = stub.Translate(texts_request(PARAGRAPH, GERMAN[0]), timeout=30)
+    gaps = PARAGRAPH_GAPS
+    expected = gaps[0] + bests[0].text + gaps[1] + bests[1].text + gaps[2] + bests[2].text + gaps[3]
+    joined, single = response.translations[0].hypotheses[0], response.translations[1].hypotheses[0]
+    assert joined.text == expected
+    assert joined.token_count == sum(best.token_count for best in bests)
+    weights = [best.token_count + (best.finish_reason == pb.FINISH_REASON_EOS) for best in bests]
+    assert joined.score == pytest.approx(sum(b.score * w for b, w in zip(bests, weights, strict=True)) / sum(weights), abs=1e-4)
+    assert single == bests[0]  # one sentence: its own hypothesis, unchanged
+
+
+def test_split_sentences_nbest_joins_the_kth_best_of_each_sentence(stub) -> None:  # type: ignore[no-untyped-def]
+    options = {"beam_size": 3, "num_hypotheses": 3}
+    nbests = [alone(stub, sentence, **options) for sentence in GERMAN]
+    hypotheses = stub.Translate(texts_request(PARAGRAPH, **options), timeout=30).translations[0].hypotheses
+    assert len(hypotheses) == max(len(nbest) for nbest in nbests)
+    gaps = PARAGRAPH_GAPS
+    for rank, hypothesis in enumerate(hypotheses):
+        picks = [nbest[min(rank, len(nbest) - 1)] for nbest in nbests]
+        assert hypothesis.text == gaps[0] + picks[0].text + gaps[1] + picks[1].text + gaps[2] + picks[2].text + gaps[3]
+        assert hypothesis.token_count == sum(pick.token_count for pick in picks)
+
+
+def test_split_sentences_finish_reason_is_length_when_any_sentence_is_cut(stub) -> None:  # type: ignore[no-untyped-def]
+    # max_output_tokens applies to each sentence; sent whole, the text has it once.
+    split = stub.Translate(texts_request(PARAGRAPH, max_output_tokens=2), timeout=30).translations[0].hypotheses[0]
+    whole = alone(stub, PARAGRAPH, max_output_tokens=2)[0]
+    assert split.finish_reason == whole.finish_reason == pb.FINISH_REASON_LENGTH
+    assert split.token_count == 3 * 2 and whole.token_count == 2
+    # Without a cap, LENGTH exactly when some sentence alone ends with LENGTH (the tiny model often runs to its limit).
+    normal = stub.Translate(texts_request(PARAGRAPH), timeout=30).translations[0].hypotheses[0]
+    cut = any(alone(stub, sentence)[0].finish_reason == pb.FINISH_REASON_LENGTH for sentence in GERMAN)
+    assert normal.finish_reason == (pb.FINISH_REASON_LENGTH if cut else pb.FINISH_REASON_EOS)
+
+
+def test_split_sentences_off_sends_the_text_whole(stub) -> None:  # type: ignore[no-untyped-def]
+    whole = alone(stub, PARAGRAPH)[0]
+    split = stub.Translate(texts_request(PARAGRAPH), timeout=30).translations[0].hypotheses[0]
+    assert not whole.text.startswith(" ") and split.text.startswith("  ")  # only a split text keeps the source's whitespace
+    # One input: one max_output_tokens for the whole text, where the split text has it per sentence.
+    assert alone(stub, PARAGRAPH, max_output_tokens=3)[0].token_count <= 3
+
+
+def test_split_sentences_blank_text_stays_empty(stub) -> None:  # type: ignore[no-untyped-def]
+    response = stub.Translate(texts_request(" \n\n ", "", PARAGRAPH), timeout=30)
+    assert [t.hypotheses[0].text for t in response.translations[:2]] == ["", ""]
+    assert response.translations[2].hypotheses[0].text.startswith("  ")
+
+
+def test_split_sentences_target_prefix_forces_the_first_sentence_only(stub) -> None:  # type: ignore[no-untyped-def]
+    text = stub.Translate(texts_request(PARAGRAPH, target_prefix="I see"), timeout=30).translations[0].hypotheses[0].text
+    rest = [alone(stub, sentence)[0].text for sentence in GERMAN[1:]]
+    assert text.startswith("  I see") and text.endswith(f"\n\n{rest[0]}   {rest[1]}\n")
+
+
+def test_split_sentences_over_the_sentence_limit_names_the_field_and_limit(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    limit = running.server.settings.max_sentences_per_text
+    many = "Ja. " * (limit + 1)
+    code, details = code_of(stub.Translate, texts_request("Hund.", many), timeout=30)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith(f"texts[1] has {limit + 1} sentences; the limit is {limit} (max_sentences_per_text")
+    code, details = code_of(stub.TranslateStream, pb.TranslateStreamRequest(text=many), timeout=30)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"text has {limit + 1} sentences")
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.limits.max_sentences_per_text == limit
+
+
+def test_split_sentences_long_sentence_names_text_sentence_and_token_limit(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    first = "Ich sehe den Hund. "
+    long_text = first + " ".join(["Hund"] * 150)[: running.server.settings.max_chars_per_text - len(first)]
+    code, details = code_of(stub.Translate, texts_request("Hund.", long_text), timeout=30)
+    limit = running.server.runtime.config.max_positions - 1
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("texts[1] sentence 1 has ") and details.endswith(f"tokens; the limit is {limit} (max_source_tokens)")
+
+
+def test_split_sentences_greedy_stream_sends_each_sentence_in_order(stub) -> None:  # type: ignore[no-untyped-def]
+    messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=PARAGRAPH), timeout=30))
+    unary = stub.Translate(texts_request(PARAGRAPH), timeout=30).translations[0]
+    assert messages[-1].final and all(not m.final for m in messages[:-1])
+    assert "".join(m.text_delta for m in messages) == unary.hypotheses[0].text == messages[-1].hypotheses[0].text
+    # The first sentence's text (after the leading whitespace) comes before the second sentence's.
+    first = alone(stub, GERMAN[0])[0].text
+    sent_before_final = "".join(m.text_delta for m in messages[:-1])
+    assert sent_before_final.startswith("  " + first + "\n\n") and len(messages) > 3
+
+
+def test_split_sentences_beam_stream_sends_the_joined_nbest_at_the_end(stub) -> None:  # type: ignore[no-untyped-def]
+    options = pb.DecodingOptions(beam_size=3, num_hypotheses=2)
+    messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=PARAGRAPH, options=options), timeout=30))
+    unary = stub.Translate(pb.TranslateRequest(texts=[PARAGRAPH], options=options), timeout=30).translations[0]
+    assert len(messages) == 1 and messages[0].final and messages[0].text_delta == unary.hypotheses[0].text
+    assert [h.text for h in messages[0].hypotheses] == [h.text for h in unary.hypotheses]

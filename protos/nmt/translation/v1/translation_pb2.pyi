@@ -17,7 +17,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("beam_size", "num_hypotheses", "length_penalty", "max_output_tokens", "min_output_tokens", "repetition_penalty", "no_repeat_ngram_size", "target_prefix")
+    __slots__ = ("beam_size", "num_hypotheses", "length_penalty", "max_output_tokens", "min_output_tokens", "repetition_penalty", "no_repeat_ngram_size", "target_prefix", "split_sentences")
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     LENGTH_PENALTY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class DecodingOptions(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     NO_REPEAT_NGRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     TARGET_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
     beam_size: int
     num_hypotheses: int
     length_penalty: float
@@ -34,7 +35,8 @@ class DecodingOptions(_message.Message):
     repetition_penalty: float
     no_repeat_ngram_size: int
     target_prefix: str
-    def __init__(self, beam_size: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., length_penalty: _Optional[float] = ..., max_output_tokens: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., target_prefix: _Optional[str] = ...) -> None: ...
+    split_sentences: bool
+    def __init__(self, beam_size: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., length_penalty: _Optional[float] = ..., max_output_tokens: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., target_prefix: _Optional[str] = ..., split_sentences: _Optional[bool] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "score", "token_count", "finish_reason")
@@ -97,7 +99,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_texts", "max_chars_per_text", "max_source_tokens", "max_output_tokens", "max_beam_size", "max_message_bytes", "max_queued_requests", "default_deadline_seconds")
+    __slots__ = ("max_texts", "max_chars_per_text", "max_source_tokens", "max_output_tokens", "max_beam_size", "max_message_bytes", "max_queued_requests", "default_deadline_seconds", "max_sentences_per_text")
     MAX_TEXTS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHARS_PER_TEXT_FIELD_NUMBER: _ClassVar[int]
     MAX_SOURCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +108,7 @@ class Limits(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SENTENCES_PER_TEXT_FIELD_NUMBER: _ClassVar[int]
     max_texts: int
     max_chars_per_text: int
     max_source_tokens: int
@@ -114,7 +117,8 @@ class Limits(_message.Message):
     max_message_bytes: int
     max_queued_requests: int
     default_deadline_seconds: float
-    def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ...) -> None: ...
+    max_sentences_per_text: int
+    def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ..., max_sentences_per_text: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits", "host_check")
