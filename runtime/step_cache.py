@@ -307,8 +307,10 @@ class StepCache:
         self._row_range = np.arange(new_rows)
         self._positions = grown(self._positions, (new_rows,))
         self._tgt_ids = np.zeros((new_rows, 1), dtype=np.int64)
-        self._row_queries = np.zeros(new_rows, dtype=np.int64)
-        self._row_keys = None  # the row-to-source map lives in the new row_queries: make it again
+        # The rows' places among the sources are carried over: continue_in_place (a steady greedy step that grows
+        # the cache) lays no sources out, and zeros would send every row to the first row's source.
+        self._row_queries = grown(self._row_queries, (new_rows,), kept=(live,))
+        self._row_keys = None  # `arrange` lays the sources out again
         self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
         self._forget_bindings()  # new memory: bind again
 

@@ -391,3 +391,17 @@ def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime:
     assert not misrouted
     for job, (source, options) in zip(jobs, plan, strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
+
+
+def test_engine_steady_greedy_rows_keep_their_sources_when_the_cache_grows(tiny_model_dir: Path) -> None:
+    """A fresh engine's cache is 16 positions long and doubles as rows pass it; three greedy requests of
+    different sources running 40 tokens in steady steps (only tokens fed) cross two growths. Each must
+    still read its own source: growth once reset every row's place among the sources to the first row's."""
+    runtime = Runtime(tiny_model_dir, RuntimeSettings(intra_op_threads=1))
+    engine = Engine(runtime, EngineLimits(max_rows=32, max_cache_tokens=1 << 16), None)
+    options = SearchOptions(beam_size=1, min_output_tokens=40, max_output_tokens=40)
+    jobs = [engine.submit(source, options) for source in SOURCES[:3]]
+    engine.run_until_idle()
+    assert engine._cache.capacity[1] >= 41  # the cache grew past its first 16 and 32 positions during the run
+    for job, source in zip(jobs, SOURCES[:3], strict=True):
+        assert_same(job, alone(tiny_model_dir, source, options))
