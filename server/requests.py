@@ -40,11 +40,14 @@ class Limits:
     max_output_tokens: int
     max_beam_size: int
     max_sentences_per_text: int = 64  # with split_sentences on; each sentence is its own engine job
+    # Engine jobs (sentences) of one request: each takes a place of the scheduler's queue, so a request with
+    # more could never be admitted whole; it is refused as invalid, not as a retryable RESOURCE_EXHAUSTED.
+    max_inputs_per_request: int = 256
 
     @classmethod
     def from_settings(cls, settings: ServerSettings, max_positions: int) -> Limits:
         return cls(settings.max_texts, settings.max_chars_per_text, max_positions - 1, max_positions, settings.max_beam_size,
-                   settings.max_sentences_per_text)  # fmt: skip
+                   settings.max_sentences_per_text, settings.max_queued_requests)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,10 @@ class RequestReader:
             if len(text_spans) > limit:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text_spans)} sentences; the limit is {limit} "
                                      f"(max_sentences_per_text; set options.split_sentences to false to send it whole)")  # fmt: skip
+        inputs = sum(len(text_spans) for text_spans in spans)
+        if inputs > self.limits.max_inputs_per_request:
+            raise InvalidRequest(f"{field} hold {inputs} sentences; a request may hold at most {self.limits.max_inputs_per_request}, "
+                                 f"the places of the server's queue (max_queued_requests)")  # fmt: skip
         sources = []
         for index, (text, text_spans) in enumerate(zip(texts, spans, strict=True)):
             sentences = []

@@ -461,6 +461,17 @@ def test_split_sentences_over_the_sentence_limit_names_the_field_and_limit(stub,
     assert info.limits.max_sentences_per_text == limit
 
 
+def test_split_sentences_request_over_the_queue_is_invalid_not_exhausted(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+    """Each sentence takes a place of the queue; a request with more sentences than it has places could never be
+    admitted, on an idle server too, so it is refused as invalid (a client would retry RESOURCE_EXHAUSTED)."""
+    places = running.server.settings.max_queued_requests
+    half = "Ja. " * (places // 2 + 1)  # two texts, each under the sentence limit, together over the queue
+    code, details = code_of(stub.Translate, texts_request(half, half), timeout=30)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert details == f"texts hold {2 * (places // 2 + 1)} sentences; a request may hold at most {places}, the places of the server's queue (max_queued_requests)"
+    assert stub.Translate(texts_request(half), timeout=30).translations[0].hypotheses[0].text  # one of them is admitted
+
+
 def test_split_sentences_long_sentence_names_text_sentence_and_token_limit(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     first = "Ich sehe den Hund. "
     long_text = first + " ".join(["Hund"] * 150)[: running.server.settings.max_chars_per_text - len(first)]
