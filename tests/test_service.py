@@ -1,4 +1,4 @@
-"""The gRPC service against a real server on a loopback port: RELIABILITY.md rows 1-16, 19 and 21 (17, 18: test_serve_process.py)."""
+"""The gRPC service against a real server on a loopback port: validation, limits, status codes, health, reflection, streaming, documents."""
 
 from __future__ import annotations
 
@@ -140,15 +140,15 @@ def test_health_serving_and_reflection_lists_the_service(running: RunningServer)
     assert described.file_descriptor_response.file_descriptor_proto and not described.HasField("error_response")
 
 
-# ---------------------------------------------------------------- RELIABILITY rows
+# ---------------------------------------------------------------- hostile and edge inputs
 
 
-def test_row1_no_texts_is_invalid_argument(stub) -> None:  # type: ignore[no-untyped-def]
+def test_service_no_texts_is_invalid_argument(stub) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, pb.TranslateRequest())
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "texts" in details
 
 
-def test_row2_blank_texts_translate_to_empty_without_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_blank_texts_translate_to_empty_without_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     engines = running.server.scheduler.engines
     steps = [engine.profile.steps for engine in engines]
     response = stub.Translate(texts_request("", "   \t\n"), timeout=10)
@@ -156,7 +156,7 @@ def test_row2_blank_texts_translate_to_empty_without_the_engine(stub, running: R
     assert [engine.profile.steps for engine in engines] == steps
 
 
-def test_row3_text_over_the_char_limit_names_it_before_tokenizing(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_text_over_the_char_limit_names_it_before_tokenizing(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     limit = running.server.settings.max_chars_per_text
     code, details = code_of(stub.Translate, texts_request("ok", "x" * (limit + 1)))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "texts[1]" in details and str(limit) in details and "max_chars_per_text" in details
@@ -166,12 +166,12 @@ def test_row3_text_over_the_char_limit_names_it_before_tokenizing(stub, running:
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_source_tokens" in details
 
 
-def test_row4_message_over_the_transport_limit_is_resource_exhausted(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_message_over_the_transport_limit_is_resource_exhausted(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     code, _ = code_of(stub.Translate, texts_request("a" * (running.server.settings.max_message_bytes + 10)))
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_row5_invalid_utf8_is_invalid_argument(running: RunningServer) -> None:
+def test_service_invalid_utf8_is_invalid_argument(running: RunningServer) -> None:
     # Field 1 (texts), wire type 2, three bytes that are not UTF-8.
     raw = b"\x0a\x03\xff\xfe\xfd"
     with grpc.insecure_channel(running.target) as channel:
@@ -182,17 +182,17 @@ def test_row5_invalid_utf8_is_invalid_argument(running: RunningServer) -> None:
 
 
 @pytest.mark.parametrize("text", ["Hund\x00Kaffee", "\x07\x1b[31m", "Kaffee ☕🙂", "مرحبا שלום", "e\u0301\u0301\u0301", "\ufeff\u200b"])
-def test_row6_odd_characters_translate_cleanly(stub, text: str) -> None:  # type: ignore[no-untyped-def]
+def test_service_odd_characters_translate_cleanly(stub, text: str) -> None:  # type: ignore[no-untyped-def]
     response = stub.Translate(texts_request(text, max_output_tokens=8), timeout=30)
     assert len(response.translations) == 1 and len(response.translations[0].hypotheses) == 1
 
 
-def test_row7_unknown_model_is_not_found(stub) -> None:  # type: ignore[no-untyped-def]
+def test_service_unknown_model_is_not_found(stub) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, pb.TranslateRequest(texts=["Hund"], model="fr-en"))
     assert code is grpc.StatusCode.NOT_FOUND and "fr-en" in details
 
 
-def test_row7_unknown_model_echo_is_capped(stub) -> None:  # type: ignore[no-untyped-def]
+def test_service_unknown_model_echo_is_capped(stub) -> None:  # type: ignore[no-untyped-def]
     # 20,000 characters echoed whole would pass the client's 16 KiB metadata limit (RESOURCE_EXHAUSTED there).
     code, details = code_of(stub.Translate, pb.TranslateRequest(texts=["Hallo"], model="m" * 20_000), timeout=10)
     assert code is grpc.StatusCode.NOT_FOUND and "mmmm" in details and "20000 characters" in details
@@ -219,18 +219,18 @@ def test_status_for_caps_every_message() -> None:
         ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size"),
     ],
 )
-def test_row9_bad_options_name_the_field_and_limit(stub, options: dict[str, object], named: str) -> None:  # type: ignore[no-untyped-def]
+def test_service_bad_options_name_the_field_and_limit(stub, options: dict[str, object], named: str) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, texts_request("Hund", **options))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and named in details and ("between" in details or "at least" in details or "at most" in details)
 
 
-def test_row10_max_output_tokens_beyond_positions_is_clamped(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_max_output_tokens_beyond_positions_is_clamped(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     positions = running.server.runtime.config.max_positions
     response = stub.Translate(texts_request("Hund", max_output_tokens=10**6, min_output_tokens=positions - 1), timeout=60)
     assert response.translations[0].hypotheses[0].token_count <= positions
 
 
-def test_row10_min_output_tokens_above_the_default_max_is_refused(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_min_output_tokens_above_the_default_max_is_refused(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     # "Hund" is a token or two: the default max (1.5 x source tokens + 10) is far below this minimum.
     minimum = running.server.runtime.config.max_positions - 2
     code, details = code_of(stub.Translate, texts_request("Ich sehe den Hund.", "Hund", min_output_tokens=minimum), timeout=30)
@@ -242,12 +242,12 @@ def test_row10_min_output_tokens_above_the_default_max_is_refused(stub, running:
     assert response.translations[0].hypotheses[0].token_count == minimum
 
 
-def test_row11_too_many_texts_names_the_cap(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_too_many_texts_names_the_cap(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     code, details = code_of(stub.Translate, texts_request(*(["Hund"] * 10_000)))
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_texts" in details and str(running.server.settings.max_texts) in details
 
 
-def test_row12_unknown_method_is_unimplemented(running: RunningServer) -> None:
+def test_service_unknown_method_is_unimplemented(running: RunningServer) -> None:
     with grpc.insecure_channel(running.target) as channel:
         call = channel.unary_unary(f"/{SERVICE_NAME}/Summarize", request_serializer=lambda b: b, response_deserializer=lambda b: b)
         with pytest.raises(grpc.RpcError) as caught:
@@ -255,14 +255,14 @@ def test_row12_unknown_method_is_unimplemented(running: RunningServer) -> None:
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_row14_tiny_deadline_never_reaches_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_tiny_deadline_never_reaches_the_engine(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     code, _ = code_of(stub.Translate, texts_request("Ich sehe den Hund.", min_output_tokens=60, max_output_tokens=60), timeout=0.001)
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(0.2)
     assert running.server.scheduler.running == 0 and running.server.scheduler.queue_depth == 0
 
 
-def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_model_dir: Path) -> None:
+def test_service_server_default_deadline_applies_when_the_client_sets_none(tiny_model_dir: Path) -> None:
     # Four rows per step: sixteen beam-4 texts of 90 tokens take over a thousand steps, far past 50 ms.
     with RunningServer(server_settings(tiny_model_dir, default_deadline_s=0.05, max_rows=4)) as server:
         channel, stub = server.stub()
@@ -271,7 +271,7 @@ def test_row14_server_default_deadline_applies_when_the_client_sets_none(tiny_mo
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-def test_row15_cancelled_stream_leaves_the_batch(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_cancelled_stream_leaves_the_batch(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     scheduler = running.server.scheduler
     call = stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)), timeout=30)
     next(call)  # decoding has started
@@ -282,7 +282,7 @@ def test_row15_cancelled_stream_leaves_the_batch(stub, running: RunningServer) -
     assert scheduler.running == 0 and scheduler.queue_depth == 0
 
 
-def test_row16_a_burst_is_served_or_rejected_fast(tiny_model_dir: Path) -> None:
+def test_service_a_burst_is_served_or_rejected_fast(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir, max_queued_requests=8)) as server:
         channel, stub = server.stub()
         request = texts_request("Ich sehe den Hund.", min_output_tokens=30, max_output_tokens=30)
@@ -292,7 +292,7 @@ def test_row16_a_burst_is_served_or_rejected_fast(tiny_model_dir: Path) -> None:
     assert codes.count(grpc.StatusCode.OK) >= 8 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) > 0
 
 
-def test_row8_warming_up_is_unavailable_and_not_serving(tiny_model_dir: Path) -> None:
+def test_service_warming_up_is_unavailable_and_not_serving(tiny_model_dir: Path) -> None:
     running = RunningServer(server_settings(tiny_model_dir), hold_warm_up=True)
     with running:
         channel, stub = running.stub()
@@ -307,7 +307,7 @@ def test_row8_warming_up_is_unavailable_and_not_serving(tiny_model_dir: Path) ->
             assert stub.Translate(texts_request("Hund"), timeout=30).translations
 
 
-def test_row19_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> None:
+def test_service_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir)) as server:
         decoder = server.server.runtime.decoder
         run, armed = decoder.run_with_iobinding, threading.Event()
@@ -327,7 +327,7 @@ def test_row19_runtime_failure_fails_only_that_batch(tiny_model_dir: Path) -> No
             assert stub.Translate(texts_request("Hund"), timeout=30).translations  # still serving
 
 
-def test_row20_out_of_memory_is_resource_exhausted_for_that_request(tiny_model_dir: Path) -> None:
+def test_service_out_of_memory_is_resource_exhausted_for_that_request(tiny_model_dir: Path) -> None:
     """No GPU here: the allocation failure is injected as ONNX Runtime's CUDA provider words it."""
     with RunningServer(server_settings(tiny_model_dir)) as server:
         decoder = server.server.runtime.decoder
@@ -348,7 +348,7 @@ def test_row20_out_of_memory_is_resource_exhausted_for_that_request(tiny_model_d
             assert stub.Translate(texts_request("Hund"), timeout=30).translations  # still serving
 
 
-def test_row21_bearer_token_is_required_when_configured(tiny_model_dir: Path) -> None:
+def test_service_bearer_token_is_required_when_configured(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir, auth_token="s3cret")) as server:
         channel, stub = server.stub()
         with channel:
@@ -363,7 +363,7 @@ def test_row21_bearer_token_is_required_when_configured(tiny_model_dir: Path) ->
             assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_row13_garbage_on_the_socket_leaves_the_server_answering(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
+def test_service_garbage_on_the_socket_leaves_the_server_answering(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
     import random
     import socket
 
