@@ -69,9 +69,13 @@ def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
 def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
     with RunningServer(server_settings(tiny_model_dir, max_queued_requests=1, max_rows=1)) as server:
         channel, stub = server.stub()
-        request = pb.TranslateRequest(texts=["Ich sehe den Hund."] * 4, options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
-        with channel, pytest.raises(grpc.RpcError) as caught:
-            stub.Translate(request, timeout=30)
+        long = pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
+        with channel:
+            holder = stub.TranslateStream(long, timeout=30)
+            next(holder)  # decoding: the queue's only place is taken
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund."]), timeout=30)
+            holder.cancel()
         key = ("nmt_requests_total", (("code", "RESOURCE_EXHAUSTED"), ("method", "Translate")))
         samples = scrape_until(server.server.metrics_port, lambda found: key in found)
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
