@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nbest", type=int, default=None, help="hypotheses per text, at most --beam (default: 1)")
     parser.add_argument("--max-output-tokens", type=int, default=None,
                         help="output tokens per hypothesis (default: 1.5 x source tokens + 10)")  # fmt: skip
+    parser.add_argument("--whole", action="store_true",
+                        help="send each text to the model whole instead of sentence by sentence (split_sentences off)")
     parser.add_argument("--stream", action="store_true", help="print text as it is decoded (greedy; beam search prints when done)")
     parser.add_argument("--json", action="store_true", help="one JSON object per text: source and hypotheses")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
@@ -73,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_args(parser, args)
     numbered = args.nbest is not None and args.nbest > 1
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
-    options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens)
+    options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens,
+                      split_sentences=False if args.whole else None)
     out = sys.stdout
     try:
         with TranslationClient(args.target, token=args.token) as client:

@@ -36,6 +36,7 @@ class Options:
     max_output_tokens: int | None = None
     min_output_tokens: int | None = None
     target_prefix: str | None = None
+    split_sentences: bool | None = None  # None: the server's default (on: each sentence translated, whitespace kept)
 
     def to_proto(self) -> pb.DecodingOptions:
         return pb.DecodingOptions(**{name: value for name, value in self.__dict__.items() if value is not None})

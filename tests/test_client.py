@@ -120,6 +120,16 @@ def test_cli_plain_single_best_prints_one_line_per_text(served: RunningServer, c
     assert run_cli(capsys, "--target", served.target, *TEXTS) == "".join(nbest[0].text + "\n" for nbest in expected)
 
 
+def test_cli_whole_sends_each_text_unsplit(served: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    paragraph = "Ich sehe den Hund. Wir mag Kaffee heute."
+    with TranslationClient(served.target) as client:
+        whole = client.translate([paragraph], Options(split_sentences=False), timeout=30)[0][0].text
+        split = client.translate([paragraph], timeout=30)[0][0].text
+    assert whole != split  # the server's default splits; the option reaches it
+    assert run_cli(capsys, "--target", served.target, "--whole", paragraph) == whole + "\n"
+    assert run_cli(capsys, "--target", served.target, paragraph) == split + "\n"
+
+
 @pytest.mark.parametrize("flags", [["--json", "--beam", "3", "--nbest", "2"], ["--beam", "3", "--nbest", "2"], ["--json"], []],
                          ids=["json-nbest", "plain-nbest", "json-greedy", "plain-greedy"])  # fmt: skip
 def test_cli_stream_prints_what_the_unary_call_prints(served: RunningServer, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
