@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from nmt_serve.runtime.manifest import ModelDirError
 from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.runtime.self_check import SelfCheckError
+from nmt_serve.server.access_log import AccessLog
 from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.arrivals import ArrivalClock
 from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
@@ -70,7 +71,8 @@ class Server:
         plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores(), settings.max_rows)
         self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=plan.threads,
                                                                        warmup_rows=min(plan.max_rows, 64)))  # fmt: skip
-        self.metrics = Metrics()
+        access_log = AccessLog(self.runtime.manifest.model_name) if settings.access_log else None
+        self.metrics = Metrics(access_log)
         check_this_host(self.runtime, settings.self_check, self.metrics)
         limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                               join_group=settings.join_group)  # fmt: skip

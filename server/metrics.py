@@ -15,6 +15,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from nmt_serve.server.access_log import AccessLog
+
 # The documented latency objective: 99% of single-sentence requests within 0.5 s on the default
 # model (measured p99 at 70% load on 1 core: 0.28 s, bench/results/engine.md). 0.5 is a bucket edge.
 LATENCY_SLO_SECONDS = 0.5
@@ -28,7 +30,8 @@ RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, access_log: AccessLog | None = None) -> None:
+        self.access_log = access_log
         registry = self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
@@ -106,9 +109,13 @@ class Metrics:
         """A call the bearer-token check turned away (server/auth.py)."""
         self.answered(method, "UNAUTHENTICATED", seconds)
 
-    def answered(self, method: str, code: str, seconds: float) -> None:
+    def answered(self, method: str, code: str, seconds: float, texts: int | None = None) -> None:
+        """Every finished call passes here (the service, the early refusals, the token and deadline checks):
+        counted, and written to the access log when the server keeps one."""
         self.requests.labels(method=method, code=code).inc()
         self.request_duration.labels(method=method).observe(seconds)
+        if self.access_log is not None:
+            self.access_log.record(method, code, seconds, texts)
 
     # ------------------------------------------------------------ exposition
 

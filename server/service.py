@@ -76,8 +76,9 @@ class TranslationService:
             return pb.TranslateResponse(translations=translations, model=self.reader.model_name)
 
         self.calls_running += 1
+        texts = len(request.texts) if isinstance(request, pb.TranslateRequest) else None
         try:
-            return await self._guard("Translate", context, answer())
+            return await self._guard("Translate", context, answer(), texts)
         finally:
             self.calls_running -= 1
 
@@ -101,7 +102,7 @@ class TranslationService:
             await context.abort(code, message)
         finally:
             self.calls_running -= 1
-            self._answered("TranslateStream", code, started)
+            self._answered("TranslateStream", code, started, 1 if isinstance(request, pb.TranslateStreamRequest) else None)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         async def answer() -> pb.ModelInfo:
@@ -126,7 +127,7 @@ class TranslationService:
 
     # ------------------------------------------------------------ helpers
 
-    async def _guard(self, method: str, context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+    async def _guard(self, method: str, context: grpc.aio.ServicerContext, work: Awaitable[Any], texts: int | None = None) -> Any:
         started, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             return await work
@@ -140,7 +141,7 @@ class TranslationService:
             code, message = self._status(error)
             await context.abort(code, message)
         finally:
-            self._answered(method, code, started)
+            self._answered(method, code, started, texts)
 
     def _status(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
         """status_for, and a refused call counted by reason (once per call, however many texts it holds)."""
@@ -153,9 +154,9 @@ class TranslationService:
         remaining = context.time_remaining()
         return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
 
-    def _answered(self, method: str, code: grpc.StatusCode, started: float) -> None:
+    def _answered(self, method: str, code: grpc.StatusCode, started: float, texts: int | None = None) -> None:
         if self.metrics is not None:
-            self.metrics.answered(method, code.name, time.perf_counter() - started)
+            self.metrics.answered(method, code.name, time.perf_counter() - started, texts)
 
     def _parsed(self, request: Any, need_ready: bool = True) -> Any:
         if need_ready and not self.runtime.ready:

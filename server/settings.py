@@ -55,6 +55,7 @@ class ServerSettings:
     # At start, this host's log-probs of the model dir's self_check.json against the exporting host's
     # (runtime/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
     self_check: str = "refuse"
+    access_log: int = 1  # 1 = one INFO line per finished call on the logger nmt_serve.access (never a text); 0 = none
 
     def validate(self) -> None:
         problems = []
@@ -73,6 +74,8 @@ class ServerSettings:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
+        if self.access_log not in (0, 1):
+            problems.append(f"access_log must be 0 (off) or 1 (on), got {self.access_log}")
         if self.self_check not in SELF_CHECK_MODES:
             problems.append(f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -95,6 +98,8 @@ MEANINGS = {
     "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
     "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
+    "access_log": "1 = one INFO line per finished call (method, model, status, seconds, texts; never a text) on the logger "
+                  "nmt_serve.access; 0 = none",
     "self_check": "this host's log-probs of the model dir's self_check.json against the exporting host's, at start: "
                   "refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip",
 }
