@@ -20,7 +20,7 @@ from nmt_serve.bench.matmul_ceiling import MatmulCeiling
 from nmt_serve.bench.open_loop import run_open_loop
 from nmt_serve.bench.random_model import build_random_checkpoint
 from nmt_serve.bench.report import write_report
-from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem
+from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem, add_cell_arguments, cells_from
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
 from nmt_serve.server.jobs import StepProfile
@@ -156,9 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-bench", description=__doc__)
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--beams", default="1,4")
-    parser.add_argument("--length", type=int, default=32, help="forced output length")
+    add_cell_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime / CTranslate2 intra-op threads per worker")
     parser.add_argument("--workers", type=int, default=1,
@@ -176,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    cells = [Cell(int(b), int(k), args.length) for b in args.batches.split(",") for k in args.beams.split(",")]
+    cells = cells_from(args)
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

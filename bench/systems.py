@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import threading
 import time
@@ -27,6 +28,18 @@ class Cell:
     batch: int
     beam: int
     length: int  # forced output length (min = max), so every system produces the same number of tokens
+
+
+def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
+    """The timed cells' flags, shared by every benchmark that times Cells."""
+    parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    parser.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
+    parser.add_argument("--length", type=int, default=32, help="forced output length")
+
+
+def cells_from(args: argparse.Namespace) -> list[Cell]:
+    """Every batch x beam of the parsed flags (add_cell_arguments), at the forced length."""
+    return [Cell(int(batch), int(beam), args.length) for batch in args.batches.split(",") for beam in args.beams.split(",")]
 
 
 class System(Protocol):
