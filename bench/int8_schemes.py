@@ -23,13 +23,12 @@ require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 
 from nmt_serve.bench.engine_bench import sample_sources, time_cells
 from nmt_serve.bench.report import write_report
-from nmt_serve.bench.systems import Cell, EngineSystem
+from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
 from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
-from nmt_serve.export.parity import SEARCHES, check_tensors, decode_all
+from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
-from nmt_serve.model.evaluate import one_line, score
 from nmt_serve.model.torch_step import TorchStep
 from nmt_serve.runtime.manifest import TOKENIZER_FILE, load_model_dir, write_manifest
 from nmt_serve.runtime.ort_step import OrtStep
@@ -50,40 +49,28 @@ def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path) -> Path:
     return out
 
 
-def compare_search(reference: dict[str, list[Any]], ort_step: OrtStep, sources: list[list[int]], tokenizer: Any, references: list[str]) -> dict[str, Any]:
-    """Identical outputs and BLEU of one model dir's greedy and beam 4 against the PyTorch outputs in `reference`."""
-    config = ort_step.config
-    result: dict[str, Any] = {}
-    for name, options in SEARCHES.items():
-        actual = decode_all(ort_step, sources, options, config, 64, f"{name} onnx")
-        identical = sum(a.token_ids == b.token_ids for a, b in zip(reference[name], actual, strict=True))
-        text = [one_line(tokenizer.decode(h.token_ids)) for h in actual]
-        result[name] = {"identical": identical / len(sources), "bleu": score(text, references)["bleu"]}
-    return result
-
-
 def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], test: Path, limit: int, work: Path) -> dict[str, dict[str, Any]]:
+    """Per model dir (fp32, then each scheme): the largest log-prob difference and export/parity.py's search report
+    against the PyTorch outputs, which are decoded once for all of them."""
     loaded = load_checkpoint(checkpoint)
     config, tokenizer = loaded.config, loaded.tokenizer
     pairs = read_tsv(str(test))[: limit or None]
     sources = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch([src for src, _ in pairs])]
     references = [ref for _, ref in pairs]
-    torch_step = TorchStep(loaded.model)
-    reference = {name: decode_all(torch_step, sources, options, config, 64, f"{name} torch") for name, options in SEARCHES.items()}
-    torch_bleu = {name: score([one_line(tokenizer.decode(h.token_ids)) for h in hyps], references)["bleu"] for name, hyps in reference.items()}
+    expected = decode_searches(TorchStep(loaded.model), sources, config, "torch")
     dirs = {"fp32": fp32_dir} | {scheme: build_scheme_dir(fp32_dir, scheme, work / scheme) for scheme in schemes}
     results: dict[str, dict[str, Any]] = {}
     for label, model_dir in dirs.items():
         ort_step = OrtStep(model_dir, threads=1)
         tensors = check_tensors(TorchStep(loaded.model), ort_step, sources[:5])
-        results[label] = {"max_log_prob_diff": tensors["max_abs_log_prob_diff"], "search": compare_search(reference, ort_step, sources, tokenizer, references),
+        search = compare_searches(expected, decode_searches(ort_step, sources, config, "onnx"), tokenizer, references)
+        results[label] = {"max_log_prob_diff": tensors["max_abs_log_prob_diff"], "search": search,
                           "bytes": sum(path.stat().st_size for path in model_dir.glob("*.onnx")), "dir": model_dir}  # fmt: skip
-    results["pytorch fp32"] = {"search": {name: {"identical": 1.0, "bleu": bleu} for name, bleu in torch_bleu.items()}}
     return results
 
 
 def measure_speed(results: dict[str, dict[str, Any]], checkpoint: Path, test: Path, cells: list[Cell], repeats: int) -> dict[tuple[Cell, str], float]:
-    systems = [EngineSystem(entry["dir"], 1, label) for label, entry in results.items() if "dir" in entry]
+    systems = [EngineSystem(entry["dir"], 1, label) for label, entry in results.items()]
     gc.freeze()
     sources = sample_sources(test, max(cell.batch for cell in cells), load_checkpoint(checkpoint).config.vocab_size, checkpoint)
     timings = time_cells(systems, sources, cells, repeats)
@@ -94,14 +81,14 @@ def format_tables(results: dict[str, dict[str, Any]], speed: dict[tuple[Cell, st
     lines = [f"### Agreement with PyTorch fp32 ({sentences} held-out sentences)", "",
              "| scheme | graphs (MB) | max log-prob diff | greedy identical | beam 4 identical | BLEU greedy | BLEU beam 4 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, entry in results.items():
-        search = entry["search"]
-        size = f"{entry['bytes'] / 1e6:.1f}" if "bytes" in entry else "-"
-        diff = f"{entry['max_log_prob_diff']:.3f}" if "max_log_prob_diff" in entry else "-"
-        lines.append(f"| {label} | {size} | {diff} | {100 * search['greedy']['identical']:.1f}% | {100 * search['beam4']['identical']:.1f}% | "
-                     f"{search['greedy']['bleu']:.2f} | {search['beam4']['bleu']:.2f} |")  # fmt: skip
+        greedy, beam = entry["search"]["greedy"], entry["search"]["beam4"]
+        lines.append(f"| {label} | {entry['bytes'] / 1e6:.1f} | {entry['max_log_prob_diff']:.3f} | {100 * greedy['identical_ratio']:.1f}% | "
+                     f"{100 * beam['identical_ratio']:.1f}% | {greedy['bleu_onnx']:.2f} | {beam['bleu_onnx']:.2f} |")  # fmt: skip
+    torch = next(iter(results.values()))["search"]
+    lines.append(f"| pytorch fp32 | - | - | 100.0% | 100.0% | {torch['greedy']['bleu_torch']:.2f} | {torch['beam4']['bleu_torch']:.2f} |")
     header = " | ".join(f"b{cell.batch} k{cell.beam}" for cell in cells)
     lines += ["", "### Engine tokens/s, 1 thread (median; ratio to fp32)", "", f"| scheme | {header} |", "|---|" + "---|" * len(cells)]
-    for label in (label for label, entry in results.items() if "dir" in entry):
+    for label in results:
         row = [f"{speed[(cell, f'nmt-serve {label}')]:.0f} ({speed[(cell, f'nmt-serve {label}')] / speed[(cell, 'nmt-serve fp32')]:.2f}x)" for cell in cells]
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -114,9 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="German<TAB>English pairs")
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
     parser.add_argument("--schemes", default=",".join(INT8_SCHEMES))
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--beams", default="1,4")
-    parser.add_argument("--length", type=int, default=32, help="forced output length of the speed cells")
+    add_cell_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench/results/int8_schemes.md"))
     return parser
@@ -125,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    cells = [Cell(int(b), int(k), args.length) for b in args.batches.split(",") for k in args.beams.split(",")]
+    cells = cells_from(args)
     with tempfile.TemporaryDirectory() as tmp:
         results = measure_schemes(args.checkpoint, args.fp32_dir or args.checkpoint / "onnx-fp32", args.schemes.split(","), args.test, args.limit, Path(tmp))
         speed = measure_speed(results, args.checkpoint, args.test, cells, args.repeats)

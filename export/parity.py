@@ -72,22 +72,25 @@ def decode_all(step: Any, sources: Sequence[Sequence[int]], options: SearchOptio
     return [hypothesis for hypothesis in best if hypothesis is not None]
 
 
-def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs: Sequence[tuple[str, str]], config: Any) -> dict[str, Any]:
-    """Token ids of greedy and beam 4 through both steps; BLEU of each against the references."""
-    sources = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch([src for src, _ in pairs])]
-    references = [ref for _, ref in pairs]
+def decode_searches(step: Any, sources: Sequence[Sequence[int]], config: Any, label: str) -> dict[str, list[Hypothesis]]:
+    """The best hypothesis of every source under each search of SEARCHES (greedy, beam 4)."""
+    return {name: decode_all(step, sources, options, config, 64, f"{name} {label}") for name, options in SEARCHES.items()}
+
+
+def compare_searches(expected: dict[str, list[Hypothesis]], actual: dict[str, list[Hypothesis]], tokenizer: Any,
+                     references: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """Per search: how many of `actual`'s outputs equal `expected`'s (the PyTorch model's), and the BLEU and chrF of both."""
     report: dict[str, Any] = {}
-    for name, options in SEARCHES.items():
-        expected = decode_all(torch_step, sources, options, config, 64, f"{name} torch")
-        actual = decode_all(ort_step, sources, options, config, 64, f"{name} onnx")
-        identical = sum(a.token_ids == b.token_ids for a, b in zip(expected, actual, strict=True))
-        torch_text = [one_line(tokenizer.decode(h.token_ids)) for h in expected]
-        onnx_text = [one_line(tokenizer.decode(h.token_ids)) for h in actual]
+    for name, wanted in expected.items():
+        got = actual[name]
+        identical = sum(a.token_ids == b.token_ids for a, b in zip(wanted, got, strict=True))
+        torch_text = [one_line(tokenizer.decode(h.token_ids)) for h in wanted]
+        onnx_text = [one_line(tokenizer.decode(h.token_ids)) for h in got]
         torch_scores, onnx_scores = score(torch_text, references), score(onnx_text, references)
         report[name] = {
-            "sentences": len(sources),
+            "sentences": len(wanted),
             "identical_tokens": identical,
-            "identical_ratio": round(identical / max(len(sources), 1), 4),
+            "identical_ratio": round(identical / max(len(wanted), 1), 4),
             "identical_text": sum(a == b for a, b in zip(torch_text, onnx_text, strict=True)),
             "bleu_torch": torch_scores["bleu"],
             "bleu_onnx": onnx_scores["bleu"],
@@ -96,6 +99,13 @@ def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs
             "chrf_onnx": onnx_scores["chrf"],
         }
     return report
+
+
+def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs: Sequence[tuple[str, str]], config: Any) -> dict[str, Any]:
+    """Token ids of greedy and beam 4 through both steps; BLEU of each against the references."""
+    sources = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch([src for src, _ in pairs])]
+    expected, actual = decode_searches(torch_step, sources, config, "torch"), decode_searches(ort_step, sources, config, "onnx")
+    return compare_searches(expected, actual, tokenizer, [ref for _, ref in pairs])
 
 
 def random_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
