@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nmt_serve.runtime.ort_step import OrtStep
-from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckError, check_host, load_reference
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckError, check_model_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,14 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
 def check_this_host(model_dir: Path, threads: int) -> int:
     step = OrtStep(model_dir, threads=threads)
     try:
-        reference = load_reference(model_dir, step.config)
+        result = check_model_dir(model_dir, step.encode, step.cache, step.config)
     except SelfCheckError as error:
         logging.error("%s", error)
         return 1
-    if reference is None:
+    if result is None:
         logging.error("%s has no %s: export it again to get one", model_dir, SELF_CHECK_FILE)
         return 1
-    result = check_host(model_dir, reference, step.encode, step.cache, step.config)
     sys.stdout.write(result.describe() + "\n")
     return 0 if result.passed else 1
 

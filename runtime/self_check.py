@@ -141,3 +141,9 @@ def check_host(model_dir: Path, reference: dict[str, Any], encode: Encode, cache
                              bound=float(reference["bound"]), reference_cpu=describe_cpu(reference.get("cpu", {})), cpu=describe_cpu(cpu_facts()))  # fmt: skip
     (logger.info if result.passed else logger.error)("self-check: %s", result.describe())
     return result
+
+
+def check_model_dir(model_dir: Path, encode: Encode, cache: StepCache, config: ModelConfig) -> SelfCheckResult | None:
+    """load_reference, then check_host: None when the model dir has no reference; SelfCheckError when it is unusable."""
+    reference = load_reference(model_dir, config)
+    return None if reference is None else check_host(model_dir, reference, encode, cache, config)

@@ -13,7 +13,7 @@ from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
 from nmt_serve.runtime.ort_step import available_providers, make_session
-from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_host, load_reference
+from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_model_dir
 from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
@@ -73,9 +73,7 @@ class Runtime:
     def self_check(self) -> SelfCheckResult | None:
         """The model dir's stored reference through these sessions (runtime/self_check.py); None when the dir
         has none. Raises SelfCheckError, naming the file, when the reference is unusable."""
-        reference = load_reference(self.model_dir, self.config)
-        if reference is None:
+        self.host_check = check_model_dir(self.model_dir, self.encode, self.new_step_cache(), self.config)
+        if self.host_check is None:
             logger.warning("%s has no %s: this host's results are not checked against the exporting host's", self.model_dir, SELF_CHECK_FILE)
-            return None
-        self.host_check = check_host(self.model_dir, reference, self.encode, self.new_step_cache(), self.config)
         return self.host_check
