@@ -91,9 +91,11 @@ def test_self_check_forced_log_probs_equal_torch_teacher_forced(tiny_model_dir: 
 
 
 def test_self_check_passes_on_the_exporting_host(tiny_model_dir: Path) -> None:
-    step = OrtStep(tiny_model_dir, threads=1)  # another thread count than the export's: the same numbers within fp32 rounding
+    # Another thread count than the export's, on the exporting host: kernels may split their sums otherwise, so fp32
+    # rounding only (1e-4, the fp32 parity bound of every other test).
+    step = OrtStep(tiny_model_dir, threads=1)
     result = check_host(tiny_model_dir, load_reference(tiny_model_dir, step.config), step.encode, step.cache, step.config)
-    assert result.passed and result.max_log_prob_diff <= 1e-5
+    assert result.passed and result.max_log_prob_diff <= 1e-4
     assert result.sentences == SELF_CHECK_SENTENCES and result.cpu == describe_cpu(cpu_facts())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def test_serve_self_check_reported_in_model_info_and_metrics(tiny_model_dir: Pat
         with channel:
             check = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check
         samples = scrape(running.server.metrics_port)
-    assert check.checked and check.bound == 1e-3 and 0.0 <= check.max_log_prob_diff <= 1e-5
+    # The exporting host itself, one thread against the export's default: fp32 rounding only (1e-4, as every fp32 parity test)
+    assert check.checked and check.bound == 1e-3 and 0.0 <= check.max_log_prob_diff <= 1e-4
     assert check.exported_on == check.checked_on != ""
     assert samples[("nmt_self_check_max_log_prob_diff", ())] == pytest.approx(check.max_log_prob_diff)
     assert samples[("nmt_self_check_bound", ())] == 1e-3
@@ -47,7 +49,8 @@ def test_serve_refuses_a_host_beyond_the_bound_naming_file_and_figure(tiny_model
     with caplog.at_level(logging.ERROR):
         assert serve_main([str(doctored), "--port", "0", "--metrics-port", "-1", "--threads", "1"]) == 1
     message = caplog.text
-    assert f"{doctored / SELF_CHECK_FILE}: max |log-prob diff| 1.00e-02" in message
+    # 0.01 moved, give or take this host's fp32 rounding (at most 1e-4)
+    assert re.search(re.escape(f"{doctored / SELF_CHECK_FILE}: max |log-prob diff| ") + r"(9\.9\de-03|1\.0\de-02) over", message)
     assert "BEYOND the bound 0.001" in message and "--self-check warn serves anyway" in message
 
 
@@ -58,7 +61,7 @@ def test_serve_self_check_warn_serves_and_reports_the_failure(tiny_model_dir: Pa
         with channel:
             check = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check
             assert stub.Translate(pb.TranslateRequest(texts=["ich sehe den hund."]), timeout=20).translations[0].hypotheses
-    assert check.checked and check.max_log_prob_diff == pytest.approx(0.01, abs=1e-5) and check.max_log_prob_diff > check.bound
+    assert check.checked and check.max_log_prob_diff == pytest.approx(0.01, abs=1e-4) and check.max_log_prob_diff > check.bound
 
 
 def test_serve_self_check_off_and_missing_reference_are_not_checked(tiny_model_dir: Path, tmp_path: Path) -> None:
