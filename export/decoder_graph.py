@@ -49,7 +49,16 @@ CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]
 CANDIDATE_OUTPUTS = ["candidate_log_probs", "candidate_ids"]
 
 
-def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int) -> str:
+def write_activation(graph: GraphWriter, x: str, activation: str, name: str) -> str:
+    """The FFN activation of model/transformer.py's ACTIVATION_FUNCTIONS, as ONNX nodes."""
+    if activation == "swish":  # x * sigmoid(x); ONNX Runtime's optimizer fuses the pair
+        return graph.op("Mul", [x, graph.op("Sigmoid", [x], f"{name}.sigmoid")], f"{name}.swish")
+    if activation == "gelu":  # the exact (erf) GELU, as torch's F.gelu default
+        return graph.op("Gelu", [x], f"{name}.gelu", CONTRIB_DOMAIN)
+    return graph.op("Relu", [x], f"{name}.relu")
+
+
+def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int, activation: str) -> str:
     name = f"layer{index}"
     scale = 1.0 / math.sqrt(head_dim)
     attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
@@ -73,7 +82,7 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_h
     attended = graph.op("Reshape", [by_row, "rows_shape"], f"{name}.cross_attn_rows")
     out = graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out")
     x = add_and_norm(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
-    hidden = graph.op("Relu", [graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up")], f"{name}.relu")
+    hidden = write_activation(graph, graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up"), activation, f"{name}.ffn")
     out = graph.linear(hidden, to_numpy(ffn.down.weight), None, f"{name}.ffn_down")
     return add_and_norm(graph, out, x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
 
@@ -82,8 +91,10 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     config = model.config
     graph = GraphWriter()
     embedding = graph.constant("embedding", to_numpy(model.embed.weight))
-    # Embedding scaled by sqrt(d_model) plus the sinusoidal position of each row's token.
-    tokens = graph.op("Mul", [graph.op("Gather", [embedding, "tgt_ids"], "token_embedding"), graph.constant("embed_scale", np.array(math.sqrt(config.d_model), np.float32))], "scaled_embedding")
+    # Embedding scaled by sqrt(d_model) (when the model scales it) plus the sinusoidal position of each row's token.
+    tokens = graph.op("Gather", [embedding, "tgt_ids"], "token_embedding")
+    if config.scale_embedding:
+        tokens = graph.op("Mul", [tokens, graph.constant("embed_scale", np.array(model.embed_scale, np.float32))], "scaled_embedding")
     position = graph.op("Gather", [graph.constant("position_table", model.position_table.numpy()), "positions"], "position_embedding")
     x = graph.op("Add", [tokens, graph.op("Unsqueeze", [position, graph.constant("axis_1", np.array([1], np.int64))], "position_embedding_3d")], "embedded")
     # What the fused attention ops take: int32 per-row lengths, the longest row's total, an int32 key mask.
@@ -94,11 +105,18 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     graph.constant("flat_rows_shape", np.array([-1, config.d_model], np.int64))
     graph.constant("rows_shape", np.array([-1, 1, config.d_model], np.int64))
     for index, layer in enumerate(model.decoder_layers):
-        x = write_layer(graph, layer, index, x, config.n_heads, config.head_dim)
+        x = write_layer(graph, layer, index, x, config.n_heads, config.head_dim, config.activation)
     hidden = graph.op("Squeeze", [x, "axis_1"], "hidden")
     # The output projection is the embedding (tied): a Transpose that ONNX Runtime folds at load keeps one copy in the file.
     logits = graph.op("MatMul", [hidden, graph.op("Transpose", [embedding], "output_projection", perm=[1, 0])], "logits")
-    graph.op("LogSoftmax", [logits], "log_probs", axis=-1)
+    if model.output_bias is not None:
+        logits = graph.op("Add", [logits, graph.constant("output_bias", to_numpy(model.output_bias))], "biased_logits")
+    if config.banned_ids:
+        # After the softmax, as the PyTorch model does: the other ids keep the model's own normalisation.
+        normalized = graph.op("LogSoftmax", [logits], "normalized_log_probs", axis=-1)
+        graph.op("Add", [normalized, graph.constant("banned_log_probs", model.banned_log_probs.numpy())], "log_probs")
+    else:
+        graph.op("LogSoftmax", [logits], "log_probs", axis=-1)
     # Beam search candidates: the requested rows' top `candidate_count` log-probs (ties to the lower id).
     wanted = graph.op("Gather", ["log_probs", "candidate_rows"], "candidate_rows_log_probs", axis=0)
     graph.op("TopK", [wanted, "candidate_count"], CANDIDATE_OUTPUTS[0], extra_outputs=(CANDIDATE_OUTPUTS[1],), axis=-1, largest=1, sorted=1)

@@ -23,7 +23,8 @@ import torch
 from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from nmt_serve.export.optimize import convert_precision
-from nmt_serve.model.checkpoint import TOKENIZER_FILE, load_checkpoint
+from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
+from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.transformer import Transformer
 from nmt_serve.runtime.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
 from nmt_serve.runtime.ort_step import OrtStep
@@ -95,16 +96,19 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings = export_graphs(checkpoint.model, out, precision, opset)
-    shutil.copyfile(checkpoint_dir / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    tokenizers = tokenizer_files(checkpoint_dir)
+    for file_name in tokenizers:
+        shutil.copyfile(checkpoint_dir / file_name, out / file_name)
+    source_language, target_language = checkpoint_languages(checkpoint_dir)
     manifest = Manifest(
-        format_version=FORMAT_VERSION, model_name=name, model_version=version, source_language="de", target_language="en",
+        format_version=FORMAT_VERSION, model_name=name, model_version=version, source_language=source_language, target_language=target_language,
         config=checkpoint.config, precision=precision, opset=opset,
         graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)},
         files={}, parity={},
         created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                     "checkpoint": str(checkpoint_dir), "export_seconds": timings},
     )  # fmt: skip
-    files = [ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE]
+    files = [ENCODER_FILE, DECODER_FILE, *tokenizers]
     manifest = write_manifest(out, manifest, files)
     step = OrtStep(out)
     write_reference(out, step.encode, step, step.cache, checkpoint.config, precision, checkpoint.tokenizer.encode_batch(list(check_texts)))

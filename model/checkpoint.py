@@ -10,13 +10,16 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from nmt_serve.model.config import ModelConfig
-from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.tokenizer import TOKENIZER_FILE, Tokenizer
 from nmt_serve.model.transformer import Transformer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 TRAIN_INFO_FILE = "train.json"
+# What nmt-import writes beside an imported checkpoint: the source, its file hashes, the language pair.
+IMPORT_RECORD_FILE = "import.json"
+# This project's own models translate German to English.
+DEFAULT_LANGUAGES = ("de", "en")
 
 
 @dataclass
@@ -52,6 +55,15 @@ def load_train_info(directory: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+def checkpoint_languages(directory: Path) -> tuple[str, str]:
+    """(source, target) language codes: an import record's, else this project's own pair."""
+    path = Path(directory) / IMPORT_RECORD_FILE
+    if not path.is_file():
+        return DEFAULT_LANGUAGES
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return record.get("source_language") or DEFAULT_LANGUAGES[0], record.get("target_language") or DEFAULT_LANGUAGES[1]
+
+
 def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
     """Model (eval mode), tokenizer and training record of a checkpoint dir; names a missing file."""
     directory = Path(directory)
@@ -62,7 +74,7 @@ def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
     model = Transformer(config)
     model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=device))
     model.to(device).eval()
-    tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
+    tokenizer = Tokenizer.load(directory)
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"checkpoint {directory}: {TOKENIZER_FILE} has {tokenizer.vocab_size} ids, config.json says {config.vocab_size}")
     return Checkpoint(model, tokenizer, load_train_info(directory))

@@ -14,6 +14,15 @@ BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
 
+# Closed tuples: ModelConfig validation and the importers' error messages both read them.
+ACTIVATIONS = ("relu", "swish", "gelu")
+# "interleaved": sin at even features, cos at odd ones (the paper); "halves": sin in the first half,
+# cos in the second (Marian and OPUS-MT models). Same frequencies, different feature order.
+POSITION_LAYOUTS = ("interleaved", "halves")
+# Fields added for imported models. Their defaults are what every model written before them does,
+# so a manifest or config.json without them still describes its model exactly.
+IMPORT_FIELDS = ("activation", "position_layout", "scale_embedding", "output_bias", "banned_ids")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -30,8 +39,18 @@ class ModelConfig:
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
+    # What imported models need; the defaults are this project's own models (model/transformer.py).
+    activation: str = "relu"  # FFN activation, one of ACTIVATIONS
+    position_layout: str = "interleaved"  # one of POSITION_LAYOUTS
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model) before the position is added
+    output_bias: bool = False  # a learned bias on the logits (Marian's final_logits_bias)
+    # Token ids search never picks (log-prob -inf after the softmax): Marian's decoder start token is
+    # its pad token, which OPUS-MT generation bans; normalisation still counts them, as there.
+    banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        # JSON has no tuples: a loaded list becomes the frozen dataclass's tuple.
+        object.__setattr__(self, "banned_ids", tuple(int(token) for token in self.banned_ids))
         problems = []
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -40,6 +59,18 @@ class ModelConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.position_layout not in POSITION_LAYOUTS:
+            problems.append(f"position_layout must be one of {', '.join(POSITION_LAYOUTS)}, got {self.position_layout!r}")
+        for name in ("pad_id", "bos_id", "eos_id", "unk_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                problems.append(f"{name} must be in [0, vocab_size {self.vocab_size}), got {getattr(self, name)}")
+        outside = [token for token in self.banned_ids if not 0 <= token < self.vocab_size]
+        if outside:
+            problems.append(f"banned_ids must be in [0, vocab_size {self.vocab_size}), got {outside[:5]}")
+        if self.eos_id in self.banned_ids:
+            problems.append(f"banned_ids must not hold eos_id {self.eos_id}: search could never finish")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 

@@ -17,14 +17,28 @@ MASK_VALUE = -1e4
 KV = tuple[Tensor, Tensor]  # (key, value), each (B, H, L, Dh)
 
 
-def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), shape (L, D)."""
-    position = torch.arange(max_positions, dtype=torch.float32)[:, None]
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(max_positions, d_model)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq)
-    return table
+def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), shape (L, D).
+
+    "halves" puts the same sines in features [0, D/2) and the cosines in [D/2, D) (Marian).
+    Computed in float64: at position 500 a float32 argument is off by ~3e-5, which is what
+    log-prob parity with an imported model's own table would otherwise see.
+    """
+    position = torch.arange(max_positions, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    angles = position * inv_freq  # (L, ceil(D/2))
+    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    if layout == "halves":
+        half = angles.shape[1]
+        table[:, :half] = torch.sin(angles)
+        table[:, half:] = torch.cos(angles[:, : d_model - half])
+    else:
+        table[:, 0::2] = torch.sin(angles)
+        table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 def mask_to_bias(mask: Tensor) -> Tensor:
@@ -62,14 +76,15 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
         super().__init__()
         self.up = nn.Linear(d_model, d_ff)
         self.down = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATION_FUNCTIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.dropout(F.relu(self.up(x))))
+        return self.down(self.dropout(self.activation(self.up(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -78,7 +93,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
@@ -96,7 +111,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.norm3 = nn.LayerNorm(config.d_model)
@@ -117,7 +132,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
-        self.register_buffer("position_table", sinusoidal_table(config.max_positions, config.d_model), persistent=False)
+        self.register_buffer("position_table", sinusoidal_table(config.max_positions, config.d_model, config.position_layout), persistent=False)
+        # Marian's final_logits_bias; absent (not a zero tensor) for models without one, so their checkpoints are unchanged.
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
+        banned = torch.zeros(config.vocab_size)
+        banned[list(config.banned_ids)] = -math.inf
+        self.register_buffer("banned_log_probs", banned, persistent=False)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
@@ -132,9 +152,13 @@ class Transformer(nn.Module):
         with torch.no_grad():
             self.embed.weight[self.config.pad_id].zero_()
 
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.config.d_model) if self.config.scale_embedding else 1.0
+
     def embed_tokens(self, ids: Tensor, positions: Tensor) -> Tensor:
         """(B, T) ids at (B, T) positions -> (B, T, D): scaled embedding + sinusoidal position."""
-        x = self.embed(ids) * math.sqrt(self.config.d_model) + self.position_table[positions]
+        x = self.embed(ids) * self.embed_scale + self.position_table[positions]
         return self.embed_dropout(x)
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
@@ -185,9 +209,12 @@ class Transformer(nn.Module):
         return x, present
 
     def generate_log_probs(self, hidden: Tensor) -> Tensor:
-        """(..., D) -> (..., V) log-probabilities through the tied embedding."""
+        """(..., D) -> (..., V) log-probabilities through the tied embedding; banned ids at -inf."""
         logits = hidden @ self.embed.weight.T
-        return torch.log_softmax(logits.float(), dim=-1)
+        if self.output_bias is not None:
+            logits = logits + self.output_bias
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        return log_probs + self.banned_log_probs if self.config.banned_ids else log_probs
 
     def decode_step(
         self,

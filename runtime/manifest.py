@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.config import IMPORT_FIELDS, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -300,8 +300,9 @@ def _parse_config(raw: Mapping[str, Any], problems: list[str]) -> ModelConfig | 
     known = set()
     for f in dataclasses.fields(ModelConfig):
         known.add(f.name)
-        # Every field required: a missing one would silently take a default and mis-size the model.
-        _take(raw, f.name, kinds.get(str(f.type), "any"), problems, "config")
+        # Every size field required: a missing one would silently take a default and mis-size the model.
+        if f.name in raw or f.name not in IMPORT_FIELDS:
+            _take(raw, f.name, kinds.get(str(f.type), "any"), problems, "config")
     _reject_unknown(raw, known, "config", problems)
     if len(problems) > before:
         return None

@@ -34,7 +34,7 @@ class Runtime:
         self.model_dir = Path(model_dir)
         self.manifest: Manifest = load_model_dir(self.model_dir)
         self.config: ModelConfig = self.manifest.config
-        self.tokenizer = Tokenizer.load(self.model_dir / "tokenizer.json")
+        self.tokenizer = Tokenizer.load(self.model_dir)
         providers = list(settings.providers) or available_providers()
         self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
         self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads)

@@ -58,3 +58,13 @@ def tiny_model_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path
     out = tmp_path_factory.mktemp("onnx-fp32")
     assert export_main([str(tiny_checkpoint), "--out", str(out), "--parity-test", str(tiny_corpus["test"])]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Hugging Face Marian dir (swish, random final_logits_bias, its own SentencePiece models)."""
+    pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")
+    pytest.importorskip("sentencepiece", reason="nmt-import needs the import extra (transformers, sentencepiece)")
+    from tests.marian_source import build_marian_dir
+
+    return build_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")

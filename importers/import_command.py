@@ -1,0 +1,138 @@
+"""nmt-import marian SOURCE --out DIR: a Hugging Face Marian (OPUS-MT) model -> our checkpoint dir, optionally exported.
+
+SOURCE is a local directory, or a hub id (Helsinki-NLP/opus-mt-de-en) that is downloaded only
+because the user named it. The checkpoint is written to a temporary dir beside --out and moved
+into place when complete; each --export precision is written the same way into DIR/onnx-PRECISION.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nmt_serve.model.extras import require_extra
+
+require_extra("nmt-import", "import", ["torch", "transformers", "sentencepiece", "onnx"])
+
+from nmt_serve.export.parity import random_pairs  # noqa: E402  (after the extra check)
+from nmt_serve.importers.marian import MarianImportError, build_model, build_tokenizer, import_record, read_source  # noqa: E402
+from nmt_serve.importers.marian_parity import compare_with_transformers  # noqa: E402
+from nmt_serve.model.checkpoint import IMPORT_RECORD_FILE, save_weights  # noqa: E402
+from nmt_serve.model.corpus import read_tsv  # noqa: E402
+from nmt_serve.model.tokenizer import TOKENIZER_FILE  # noqa: E402
+from nmt_serve.runtime.manifest import PRECISIONS  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("marian",)
+# What a Marian model needs from the hub; nothing else (TensorFlow/Flax weights) is fetched.
+HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin", "source.spm", "target.spm", "vocab.json",
+             "tokenizer_config.json"]  # fmt: skip
+
+
+class ImportFailed(Exception):
+    """Ends the command with exit 1 and this one-line message."""
+
+
+def fetch(source: str) -> Path:
+    """A local dir as given; a hub id downloaded (the user asked for it by naming it)."""
+    path = Path(source)
+    if path.exists():
+        return path
+    if source.count("/") != 1 or source.startswith(("/", ".")):
+        raise ImportFailed(f"SOURCE {source[:200]!r}: no such directory, and not a hub id of the form owner/name")
+    try:
+        from huggingface_hub import snapshot_download
+
+        logger.info("downloading %s from the Hugging Face hub", source)
+        return Path(snapshot_download(repo_id=source, allow_patterns=HUB_FILES))
+    except Exception as error:  # offline, unknown id, gated repo: the hub client raises many kinds
+        raise ImportFailed(f"SOURCE {source!r}: download from the Hugging Face hub failed ({type(error).__name__}: {str(error)[:300]}); "
+                           "without network access, copy the model dir here and pass its path") from error  # fmt: skip
+
+
+def write_checkpoint(source_dir: Path, out: Path, origin: str, languages: tuple[str | None, str | None], check_sentences: Sequence[str]) -> None:
+    source = read_source(source_dir)
+    model, tokenizer = build_model(source), build_tokenizer(source)
+    record: dict[str, Any] = import_record(source, origin)
+    record["source_language"] = languages[0] or record["source_language"]
+    record["target_language"] = languages[1] or record["target_language"]
+    record["parity_with_transformers"] = compare_with_transformers(source_dir, model, tokenizer, check_sentences)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    try:
+        save_weights(model, work)
+        tokenizer.save(work / TOKENIZER_FILE)
+        (work / IMPORT_RECORD_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.rename(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def export_precision(checkpoint: Path, precision: str, parity_test: Path | None, parity_limit: int, check_texts: Sequence[str]) -> Path:
+    from nmt_serve.export.onnx_export import export_model_dir
+    from nmt_serve.export.parity import run_parity
+
+    final = checkpoint / f"onnx-{precision}"
+    work = checkpoint / f".onnx-{precision}.exporting"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        export_model_dir(checkpoint, work, precision, checkpoint.name, "imported", check_texts)
+        run_parity(work, checkpoint, parity_test, parity_limit)
+        os.rename(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-import", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=KINDS, help="source model family")
+    parser.add_argument("source", help="Hugging Face Marian dir (config.json, weights, source.spm, target.spm, vocab.json) or hub id")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint dir to write (must not exist)")
+    parser.add_argument("--export", default="", help=f"comma-separated precisions to export into OUT/onnx-PRECISION ({', '.join(PRECISIONS)})")
+    parser.add_argument("--source-language", help="source language code (default: tokenizer_config.json's, or the opus-mt-SRC-TGT name's)")
+    parser.add_argument("--target-language", help="target language code (default: as --source-language)")
+    parser.add_argument("--parity-test", type=Path, help="TSV whose sources check parity (default: 100 generated German sentences)")
+    parser.add_argument("--parity-limit", type=int, default=100, help="sentences compared with transformers and checked after export")
+    return parser
+
+
+def parse_precisions(text: str) -> list[str]:
+    precisions = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in precisions if item not in PRECISIONS]
+    if unknown:
+        raise ImportFailed(f"--export: unknown precision {unknown[0][:40]!r} (choose from {', '.join(PRECISIONS)})")
+    return precisions
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        precisions = parse_precisions(args.export)
+        if args.out.exists():
+            raise ImportFailed(f"--out {args.out}: already exists; choose a new dir")
+        if not args.out.parent.is_dir():
+            raise ImportFailed(f"--out {args.out}: parent dir {args.out.parent} does not exist")
+        pairs = read_tsv(str(args.parity_test)) if args.parity_test else random_pairs(args.parity_limit)
+        sentences = [source for source, _ in pairs][: args.parity_limit]
+        write_checkpoint(fetch(args.source), args.out, args.source, (args.source_language, args.target_language), sentences)
+        for precision in precisions:
+            logger.info("exported %s", export_precision(args.out, precision, args.parity_test, args.parity_limit, sentences[:8]))
+    except (ImportFailed, MarianImportError) as error:
+        sys.stderr.write(f"nmt-import: {error}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,241 @@
+"""A Hugging Face Marian (OPUS-MT) directory -> this project's checkpoint: config, weights, tokenizers, import record.
+
+A fixed pipeline: read the source's config and refuse what our Transformer does not compute (every
+problem named at once), map the weights onto model/transformer.py's names, convert the
+SentencePiece tokenizers (importers/sentencepiece_tokenizer.py), then write everything to a
+temporary dir that replaces --out only at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from nmt_serve.importers.sentencepiece_tokenizer import TokenizerImportError, convert_marian_tokenizer
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.transformer import Transformer, sinusoidal_table
+
+logger = logging.getLogger(__name__)
+
+CONFIG = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# Marian's activation names -> ours (model/config.py ACTIVATIONS); "gelu" is the exact erf GELU in both.
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# Config keys of BART-family checkpoints that would change the computation; Marian's values first.
+ARCHITECTURE_FLAGS = {
+    "normalize_before": (False, "pre-norm layers (our layers are post-norm)"),
+    "static_position_embeddings": (True, "learned position embeddings (ours are sinusoidal)"),
+    "normalize_embedding": (False, "a LayerNorm on the embeddings"),
+    "add_final_layer_norm": (False, "a final LayerNorm after the layer stacks"),
+    "add_bias_logits": (False, "a bias inside the output projection"),
+    "share_encoder_decoder_embeddings": (True, "separate source and target embeddings"),
+    "tie_word_embeddings": (True, "an output projection not tied to the embedding"),
+}
+# Positions where an embedded table must match ours before its values are trusted to be sinusoidal.
+POSITION_TOLERANCE = 1e-4
+
+
+class MarianImportError(ValueError):
+    """A source dir that cannot be imported exactly; one line per problem, each naming its file and field."""
+
+    def __init__(self, source: Path, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"cannot import {source}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class MarianSource:
+    directory: Path
+    raw_config: dict[str, Any]
+    config: ModelConfig
+    vocab: dict[str, int]
+    weights_file: Path
+    source_language: str
+    target_language: str
+
+
+def read_json(path: Path, problems: list[str]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(f"{path.name}: missing")
+    except (ValueError, UnicodeDecodeError) as error:
+        problems.append(f"{path.name}: not JSON ({error})")
+    return None
+
+
+def model_config(raw: Mapping[str, Any], vocab: Mapping[str, int], problems: list[str]) -> ModelConfig | None:
+    """Our ModelConfig for a Marian config.json, or None with every unsupported value named in `problems`."""
+    before = len(problems)
+    if raw.get("model_type") != "marian":
+        problems.append(f"{CONFIG}: model_type {str(raw.get('model_type'))[:40]!r} (expected 'marian')")
+    for key, (wanted, meaning) in ARCHITECTURE_FLAGS.items():
+        if key in raw and bool(raw[key]) != wanted:
+            problems.append(f"{CONFIG}: {key}={raw[key]!r} means {meaning}, which is not supported")
+    for first, second in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if raw.get(first) != raw.get(second):
+            problems.append(f"{CONFIG}: {first} {raw.get(first)} differs from {second} {raw.get(second)} (one value is supported)")
+    if raw.get("decoder_vocab_size") not in (None, raw.get("vocab_size")):
+        problems.append(f"{CONFIG}: decoder_vocab_size {raw.get('decoder_vocab_size')} differs from vocab_size {raw.get('vocab_size')}")
+    activation = ACTIVATIONS.get(str(raw.get("activation_function")))
+    if activation is None:
+        problems.append(f"{CONFIG}: activation_function {str(raw.get('activation_function'))[:40]!r} (supported: {', '.join(ACTIVATIONS)})")
+    if raw.get("vocab_size") != len(vocab):
+        problems.append(f"{CONFIG}: vocab_size {raw.get('vocab_size')} differs from vocab.json's {len(vocab)} entries")
+    unk = vocab.get("<unk>")
+    if unk is None:
+        problems.append("vocab.json: no '<unk>' entry")
+    if len(problems) > before:
+        return None
+    try:
+        pad = int(raw["pad_token_id"])
+        return ModelConfig(
+            vocab_size=int(raw["vocab_size"]), d_model=int(raw["d_model"]), n_heads=int(raw["encoder_attention_heads"]),
+            n_encoder_layers=int(raw["encoder_layers"]), n_decoder_layers=int(raw["decoder_layers"]), d_ff=int(raw["encoder_ffn_dim"]),
+            dropout=0.0, max_positions=int(raw["max_position_embeddings"]),
+            pad_id=pad, bos_id=int(raw.get("decoder_start_token_id", pad)), eos_id=int(raw["eos_token_id"]), unk_id=int(unk),
+            activation=activation, position_layout="halves", scale_embedding=bool(raw.get("scale_embedding", False)),
+            # OPUS-MT's generation config bans the pad token, which is also the decoder start token.
+            output_bias=True, banned_ids=(pad,),
+        )  # fmt: skip
+    except KeyError as error:
+        problems.append(f"{CONFIG}: {error.args[0]} missing")
+    except (TypeError, ValueError) as error:
+        problems.append(f"{CONFIG}: {error}")
+    return None
+
+
+def languages(directory: Path, tokenizer_config: Mapping[str, Any]) -> tuple[str, str]:
+    """(source, target) codes: tokenizer_config.json's, else an opus-mt-SRC-TGT dir name's, else unknown."""
+    source, target = tokenizer_config.get("source_lang"), tokenizer_config.get("target_lang")
+    if source and target:
+        return str(source), str(target)
+    parts = directory.resolve().name.split("-")
+    if len(parts) == 4 and parts[:2] == ["opus", "mt"]:
+        return parts[2], parts[3]
+    return "und", "und"  # BCP 47 "undetermined"; --source-language / --target-language set them
+
+
+def read_source(directory: Path) -> MarianSource:
+    """Validate a Hugging Face Marian dir; raise MarianImportError listing every problem."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise MarianImportError(directory, ["not a directory"])
+    problems: list[str] = []
+    raw = read_json(directory / CONFIG, problems) or {}
+    vocab = read_json(directory / "vocab.json", problems) or {}
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+        problems.append("vocab.json: expected an object of token -> integer id")
+        vocab = {}
+    problems += [f"{name}: missing" for name in TOKENIZER_FILES[:2] if not (directory / name).is_file()]
+    tokenizer_config = read_json(directory / TOKENIZER_CONFIG, []) or {} if (directory / TOKENIZER_CONFIG).is_file() else {}
+    if tokenizer_config.get("separate_vocabs"):
+        problems.append(f"{TOKENIZER_CONFIG}: separate_vocabs true (a separate target vocabulary is not supported)")
+    weights = next((directory / name for name in WEIGHT_FILES if (directory / name).is_file()), None)
+    if weights is None:
+        problems.append(f"weights: neither {' nor '.join(WEIGHT_FILES)} found")
+    config = model_config(raw, vocab, problems) if raw and vocab else None
+    if problems or config is None or weights is None:
+        raise MarianImportError(directory, problems or [f"{CONFIG}: unreadable"])
+    source_language, target_language = languages(directory, tokenizer_config)
+    return MarianSource(directory, raw, config, vocab, weights, source_language, target_language)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)  # weights only: a .bin may not run code
+
+
+def layer_names(ours: str, theirs: str, decoder: bool) -> dict[str, str]:
+    names = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "ffn.up": "fc1", "ffn.down": "fc2"}
+    names.update({"cross_attn": "encoder_attn", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"} if decoder
+                 else {"norm2": "final_layer_norm"})  # fmt: skip
+    return {f"{ours}.{a}": f"{theirs}.{b}" for a, b in names.items()}
+
+
+def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict from Marian's; refuses untied embeddings and position tables that are not sinusoidal."""
+    weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
+    config, problems = source.config, []
+    embeddings = [weights[name] for name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+                  if name in weights]  # fmt: skip
+    if not embeddings:
+        raise MarianImportError(source.directory, [f"{source.weights_file.name}: no shared.weight (the token embedding)"])
+    if any(not torch.equal(embeddings[0], other) for other in embeddings[1:]):
+        problems.append(f"{source.weights_file.name}: the encoder, decoder and output embeddings differ (only tied embeddings are supported)")
+    table = sinusoidal_table(config.max_positions, config.d_model, config.position_layout)
+    for side in ("encoder", "decoder"):
+        stored = weights.get(f"{side}.embed_positions.weight")
+        if stored is not None and (stored.shape != table.shape or (stored.float() - table).abs().max() > POSITION_TOLERANCE):
+            problems.append(f"{source.weights_file.name}: {side}.embed_positions.weight is not Marian's sinusoidal table (learned positions?)")
+    prefixes = {f"encoder_layers.{i}": f"encoder.layers.{i}" for i in range(config.n_encoder_layers)}
+    prefixes.update({f"decoder_layers.{i}": f"decoder.layers.{i}" for i in range(config.n_decoder_layers)})
+    state = {"embed.weight": embeddings[0], "output_bias": weights.get("final_logits_bias", torch.zeros(1, config.vocab_size)).reshape(-1)}
+    missing = []
+    for ours, theirs in prefixes.items():
+        for our_module, their_module in layer_names(ours, theirs, ours.startswith("decoder")).items():
+            for kind in ("weight", "bias"):
+                for projection in ("q_proj", "k_proj", "v_proj", "out_proj") if our_module.endswith("attn") else ("",):
+                    suffix = f".{projection}.{kind}" if projection else f".{kind}"
+                    if f"{their_module}{suffix}" in weights:
+                        state[f"{our_module}{suffix}"] = weights[f"{their_module}{suffix}"]
+                    else:
+                        missing.append(f"{their_module}{suffix}")
+    if missing:
+        problems.append(f"{source.weights_file.name}: {len(missing)} tensors missing, e.g. model.{missing[0]}")
+    if problems:
+        raise MarianImportError(source.directory, problems)
+    return {name: tensor.float().contiguous() for name, tensor in state.items()}
+
+
+def build_model(source: MarianSource) -> Transformer:
+    model = Transformer(source.config)
+    state = map_weights(source, read_weights(source.weights_file))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:  # shape mismatches: name the first lines torch reports
+        raise MarianImportError(source.directory, [f"{source.weights_file.name}: {str(error).splitlines()[1].strip()}"]) from error
+    return model.eval()
+
+
+def build_tokenizer(source: MarianSource) -> Tokenizer:
+    config = source.config
+    vocab_by_id = {token_id: token for token, token_id in source.vocab.items()}
+    specials = {"unk": vocab_by_id[config.unk_id], "eos": vocab_by_id[config.eos_id], "pad": vocab_by_id[config.pad_id]}
+    try:
+        return convert_marian_tokenizer(source.directory / "source.spm", source.vocab, source.directory / "vocab.json", specials)
+    except TokenizerImportError as error:
+        raise MarianImportError(source.directory, [str(error)]) from error
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def import_record(source: MarianSource, origin: str) -> dict[str, Any]:
+    """What import.json keeps: where the model came from, the hashes of the files read, the language pair."""
+    read = [CONFIG, source.weights_file.name, *TOKENIZER_FILES, TOKENIZER_CONFIG]
+    return {
+        "kind": "marian",
+        "source": origin,
+        "files": {name: sha256(source.directory / name) for name in read if (source.directory / name).is_file()},
+        "source_language": source.source_language,
+        "target_language": source.target_language,
+        "transformers_config": {key: source.raw_config.get(key) for key in ("_name_or_path", "transformers_version", "activation_function")},
+    }

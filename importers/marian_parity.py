@@ -1,0 +1,87 @@
+"""An imported model against transformers' own MarianMTModel: teacher-forced log-probs and greedy outputs.
+
+The reference is the source dir loaded by transformers; its greedy generate() outputs are the
+targets, so the log-probs compared are those of real continuations. Pad is banned in both
+searches (OPUS-MT generation bans it, model/config.py banned_ids), and generate() gets no forced
+EOS at its length limit, which our search does not add either.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.search import SearchOptions, generate
+from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+BATCH = 16
+
+
+def reference_greedy(reference: Any, src_ids: np.ndarray, src_mask: np.ndarray, pad_id: int, max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy outputs without the decoder start token, up to and without EOS."""
+    output = reference.generate(
+        input_ids=torch.from_numpy(src_ids), attention_mask=torch.from_numpy(src_mask).long(), num_beams=1, do_sample=False,
+        max_new_tokens=max_new_tokens, min_length=0, bad_words_ids=[[pad_id]], forced_eos_token_id=None, repetition_penalty=1.0,
+        no_repeat_ngram_size=0, length_penalty=1.0,
+    )  # fmt: skip
+    eos = reference.config.eos_token_id
+    targets = []
+    for row in output[:, 1:].tolist():
+        targets.append(row[: row.index(eos)] if eos in row else [token for token in row if token != pad_id])
+    return targets
+
+
+def teacher_forced_diff(model: Transformer, reference: Any, src_ids: np.ndarray, src_mask: np.ndarray, targets: list[list[int]]) -> float:
+    """Max |ours - theirs| over every real target position's log-probs (banned ids left out)."""
+    config = model.config
+    width = max(len(target) for target in targets) + 1
+    fed = np.full((len(targets), width), config.pad_id, dtype=np.int64)
+    real = np.zeros((len(targets), width), dtype=bool)
+    for row, target in enumerate(targets):
+        fed[row, : len(target) + 1] = [config.bos_id, *target]
+        real[row, : len(target) + 1] = True
+    sources, mask, tgt = torch.from_numpy(src_ids), torch.from_numpy(src_mask), torch.from_numpy(fed)
+    with torch.no_grad():
+        ours = model(sources, mask, tgt)
+        theirs = torch.log_softmax(reference(input_ids=sources, attention_mask=mask.long(), decoder_input_ids=tgt).logits.float(), dim=-1)
+    allowed = torch.ones(config.vocab_size, dtype=torch.bool)
+    allowed[list(config.banned_ids)] = False
+    diff = (ours - theirs)[torch.from_numpy(real)][:, allowed]
+    return float(diff.abs().max())
+
+
+def compare_with_transformers(source_dir: Path, model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
+                              max_new_tokens: int = 64) -> dict[str, Any]:  # fmt: skip
+    """{'sentences', 'max_abs_log_prob_diff', 'greedy_identical', 'greedy_total', 'first_difference'} over `sentences`."""
+    from transformers import MarianMTModel  # the import extra; only this check loads transformers' model
+
+    reference = MarianMTModel.from_pretrained(str(source_dir)).eval()
+    config = model.config
+    encoded = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch(list(sentences))]
+    worst, identical, first_difference = 0.0, 0, None
+    for start in range(0, len(encoded), BATCH):
+        batch = encoded[start : start + BATCH]
+        src_ids, src_mask = pad_sources(batch, config.pad_id, config.eos_id)
+        targets = reference_greedy(reference, src_ids, src_mask, config.pad_id, max_new_tokens)
+        worst = max(worst, teacher_forced_diff(model, reference, src_ids, src_mask, targets))
+        options = SearchOptions(beam_size=1, max_output_tokens=max_new_tokens)
+        ours = generate(TorchStep(model), batch, options, config.bos_id, config.eos_id, config.max_positions)
+        for offset, (target, hypotheses) in enumerate(zip(targets, ours, strict=True)):
+            if list(hypotheses[0].token_ids) == target:
+                identical += 1
+            elif first_difference is None:
+                first_difference = {"sentence": sentences[start + offset][:200], "transformers": target[:40], "ours": list(hypotheses[0].token_ids)[:40]}
+    report = {"sentences": len(encoded), "max_abs_log_prob_diff": worst, "greedy_identical": identical, "greedy_total": len(encoded),
+              "first_difference": first_difference}  # fmt: skip
+    logger.info("against transformers' MarianMTModel: max |log-prob diff| %.2e, greedy identical %d/%d", worst, identical, len(encoded))
+    return report

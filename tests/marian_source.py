@@ -1,0 +1,69 @@
+"""A tiny random Hugging Face Marian dir built locally: transformers' MarianMTModel, SentencePiece models trained here."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+# German-looking words with umlauts and ß, so the trained pieces cover what the tests feed.
+WORDS = ("der die das und ist nicht ein eine Haus Straße Bäume Grüße Öl über für mit dem den zu von Guten Morgen Tag heute "
+         "schön Bahnhof wo Wetter groß klein Müller Käse Brötchen Zug fährt um Uhr Nr z. B. bzw. Dr.").split()  # fmt: skip
+
+
+def german_sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10))) + rng.choice([".", "!", "?", ",", ""]) for _ in range(count)]
+
+
+def train_sentencepiece(texts: Sequence[str], path: Path, vocab_size: int) -> None:
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+                                             character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)  # fmt: skip
+    path.write_bytes(model.getvalue())
+
+
+def marian_vocab(source: Path, target: Path) -> dict[str, int]:
+    """Marian's layout: </s> 0, <unk> 1, the source then target pieces, <pad> last."""
+    import sentencepiece
+
+    tokens = ["</s>", "<unk>"]
+    for path in (source, target):
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        for piece_id in range(processor.get_piece_size()):
+            piece = processor.id_to_piece(piece_id)
+            if not (processor.is_control(piece_id) or processor.is_unknown(piece_id)) and piece not in tokens:
+                tokens.append(piece)
+    tokens.append("<pad>")
+    return {token: token_id for token_id, token in enumerate(tokens)}
+
+
+def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, **config_overrides: object) -> Path:
+    """A tiny random MarianMTModel with its tokenizer files, saved as transformers saves it."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    texts = german_sentences(400, seed)
+    train_sentencepiece(texts, out / "source.spm", 120)
+    # The target side is other text, so vocab.json holds pieces the source model never produces.
+    train_sentencepiece([text.lower() + " the house is green" for text in texts], out / "target.spm", 120)
+    vocab = marian_vocab(out / "source.spm", out / "target.spm")
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}), encoding="utf-8")
+    pad = vocab["<pad>"]
+    settings: dict[str, object] = dict(vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                                       activation_function=activation, scale_embedding=True, pad_token_id=pad, decoder_start_token_id=pad,
+                                       eos_token_id=0, forced_eos_token_id=0, share_encoder_decoder_embeddings=True)  # fmt: skip
+    settings.update(config_overrides)
+    torch.manual_seed(seed)
+    model = MarianMTModel(MarianConfig(**settings))
+    with torch.no_grad():  # a random bias, so a converter that dropped it would be caught
+        model.final_logits_bias.normal_(0.0, 0.5)
+    model.save_pretrained(str(out))
+    return out
