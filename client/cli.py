@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-translate", description=__doc__, formatter_class=DefaultsHelpFormatter)
     parser.add_argument("texts", nargs="*", help="German texts (default: one per line from stdin)")
     parser.add_argument("--target", default=os.environ.get("NMT_TARGET", DEFAULT_TARGET), help="host:port, env NMT_TARGET")
+    parser.add_argument("--model", default="", help="served model to use, by name (default: the server's default model)")
+    parser.add_argument("--list-models", action="store_true", help="print the served models (name, languages, version, precision) instead of translating; "
+                        "the first is the one used without --model")
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: the server's, greedy)")
     parser.add_argument("--nbest", type=int, default=None, help="hypotheses per text, at most --beam (default: 1)")
     parser.add_argument("--max-output-tokens", type=int, default=None,
@@ -68,18 +71,31 @@ def write_translation(out: TextIO, source: str, hypotheses: Sequence[pb.Hypothes
         out.write(hypotheses[0].text + "\n")
 
 
+def write_models(out: TextIO, listing: pb.ListModelsResponse, as_json: bool) -> None:
+    """One line per served model, the default first."""
+    for info in listing.models:
+        if as_json:
+            out.write(json.dumps(MessageToDict(info, preserving_proto_field_name=True), ensure_ascii=False) + "\n")
+        else:
+            default = " (default)" if info.name == listing.default_model else ""
+            out.write(f"{info.name}{default}\t{info.source_language}->{info.target_language}\t{info.version}\t{info.precision}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
     numbered = args.nbest is not None and args.nbest > 1
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    texts = [] if args.list_models else args.texts or [line.rstrip("\n") for line in sys.stdin]
     options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens,
                       split_sentences=False if args.whole else None)
     out = sys.stdout
     try:
-        with TranslationClient(args.target, token=args.token) as client:
+        with TranslationClient(args.target, token=args.token, model=args.model) as client:
+            if args.list_models:
+                write_models(out, client.list_models(timeout=args.timeout), args.json)
+                return 0
             if args.stream:
                 live = not args.json and not numbered  # only a single plain text can be shown as it grows
                 for text in texts:

@@ -43,9 +43,10 @@ class Options:
 
 
 class TranslationClient:
-    """Wraps one channel; use as a context manager or call close()."""
+    """Wraps one channel; use as a context manager or call close(). `model`: the served model to use (empty: the server's default)."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None) -> None:
+    def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None, model: str = "") -> None:
+        self.model = model
         if root_certificate is not None:
             credentials = grpc.ssl_channel_credentials(Path(root_certificate).read_bytes())
             self.channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
@@ -65,13 +66,17 @@ class TranslationClient:
 
     def translate(self, texts: Sequence[str], options: Options = Options(), timeout: float | None = None) -> list[list[pb.Hypothesis]]:
         """n-best hypotheses per text, best first."""
-        request = pb.TranslateRequest(texts=list(texts), options=options.to_proto())
+        request = pb.TranslateRequest(texts=list(texts), options=options.to_proto(), model=self.model)
         response = self.stub.Translate(request, timeout=timeout, metadata=self.metadata)
         return [list(translation.hypotheses) for translation in response.translations]
 
     def translate_stream(self, text: str, options: Options = Options(), timeout: float | None = None) -> Iterator[pb.TranslateStreamResponse]:
-        request = pb.TranslateStreamRequest(text=text, options=options.to_proto())
+        request = pb.TranslateStreamRequest(text=text, options=options.to_proto(), model=self.model)
         yield from self.stub.TranslateStream(request, timeout=timeout, metadata=self.metadata)
 
     def model_info(self, timeout: float | None = None) -> pb.ModelInfo:
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout, metadata=self.metadata)
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(model=self.model), timeout=timeout, metadata=self.metadata)
+
+    def list_models(self, timeout: float | None = None) -> pb.ListModelsResponse:
+        """Every model the server serves, its default first."""
+        return self.stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=self.metadata)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -41,6 +42,7 @@ class Outcome:
     first_token_s: float | None
     tokens: int
     started_at: float  # time.perf_counter() when the call was sent
+    model: str = ""  # the model field sent (empty: the server's default)
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Report:
     errors: int  # anything else but OK
     rejection_latency_s: dict[str, float] = field(default_factory=dict)  # how fast RESOURCE_EXHAUSTED came back
     server: dict[str, float] = field(default_factory=dict)  # mean of each server histogram over the run
+    models: dict[str, dict[str, int]] = field(default_factory=dict)  # with --model: counts by status code, per model
 
     def markdown(self) -> str:
         lines = [f"### nmt-loadtest {self.mode} against {self.target}", "",
@@ -74,6 +77,9 @@ class Report:
                           f"p99 {self.latency_s.get('p99', 0):.3f} s."]  # fmt: skip
         if self.server:
             lines += ["", "Server side over the run: " + ", ".join(f"mean {name} {value:.4g}" for name, value in self.server.items()) + "."]
+        if self.models:
+            lines += ["", "Calls by model: " + "; ".join(f"{model}: " + ", ".join(f"{code} {count}" for code, count in sorted(codes.items()))
+                                                       for model, codes in self.models.items()) + "."]  # fmt: skip
         other = {code: count for code, count in self.codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")}
         if other:
             lines += ["", "Errors by code: " + ", ".join(f"{code} {count}" for code, count in sorted(other.items())) + "."]
@@ -103,10 +109,24 @@ def scrape_sums(url: str) -> dict[str, tuple[float, float]]:
     return {name: (values[0], values[1]) for name, values in totals.items()}
 
 
+def model_turns(spec: str) -> list[str]:
+    """--model's value as one round of turns: "a,b" is a then b; "a=3,b=1" is a three times, then b once. Empty: [""], the default model."""
+    if not spec:
+        return [""]
+    turns: list[str] = []
+    for part in (part.strip() for part in spec.split(",")):
+        name, _, weight = part.partition("=")
+        if not name or (weight and (not weight.isdigit() or int(weight) < 1)):
+            raise ValueError(f"--model takes NAME[=WEIGHT],... with whole weights of at least 1, got {part!r}")
+        turns += [name] * (int(weight) if weight else 1)
+    return turns
+
+
 class LoadTest:
     def __init__(self, args: argparse.Namespace, texts: list[str]) -> None:
         self.args = args
         self.texts = texts
+        self.turns = itertools.cycle(model_turns(args.model))
         self.rng = random.Random(args.seed)
         self.outcomes: list[Outcome] = []
         self.metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
@@ -114,26 +134,26 @@ class LoadTest:
         self.options = pb.DecodingOptions(**options)
 
     async def one(self, stub: pb_grpc.TranslationServiceStub) -> None:
-        text = self.rng.choice(self.texts)
+        text, model = self.rng.choice(self.texts), next(self.turns)
         started = time.perf_counter()
         first: float | None = None
         tokens = 0
         try:
             if self.args.stream:
-                async for message in stub.TranslateStream(pb.TranslateStreamRequest(text=text, options=self.options),
+                async for message in stub.TranslateStream(pb.TranslateStreamRequest(text=text, options=self.options, model=model),
                                                           timeout=self.args.timeout, metadata=self.metadata):  # fmt: skip
                     if first is None and message.text_delta:
                         first = time.perf_counter() - started
                     if message.final:
                         tokens = message.hypotheses[0].token_count
             else:
-                response = await stub.Translate(pb.TranslateRequest(texts=[text], options=self.options), timeout=self.args.timeout,
+                response = await stub.Translate(pb.TranslateRequest(texts=[text], options=self.options, model=model), timeout=self.args.timeout,
                                                 metadata=self.metadata)  # fmt: skip
                 tokens = response.translations[0].hypotheses[0].token_count
             code = "OK"
         except grpc.aio.AioRpcError as error:
             code = error.code().name
-        self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens, started))
+        self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens, started, model))
 
     def finished(self, started: float, issued: int) -> bool:
         if self.args.requests:
@@ -211,7 +231,14 @@ class LoadTest:
             codes=dict(codes), rejected=codes.get("RESOURCE_EXHAUSTED", 0),
             errors=sum(count for code, count in codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")), server=server,
             rejection_latency_s=percentiles([outcome.latency_s for outcome in self.outcomes if outcome.code == "RESOURCE_EXHAUSTED"]),
+            models=self.codes_by_model() if args.model else {},
         )  # fmt: skip
+
+    def codes_by_model(self) -> dict[str, dict[str, int]]:
+        by_model: dict[str, Counter[str]] = {}
+        for outcome in self.outcomes:
+            by_model.setdefault(outcome.model, Counter())[outcome.code] += 1
+        return {model: dict(codes) for model, codes in by_model.items()}
 
 
 async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
@@ -241,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--texts", type=Path, default=None, help="one text per line, or a TSV whose first column is used "
                         "(default: data/corpus/test.tsv when present, else a bundled sample)")  # fmt: skip
     parser.add_argument("--beam", type=int, default=0, help="beam size (default: the server's)")
+    parser.add_argument("--model", default="", help="served model(s) to call: NAME; a,b = in turn; a=3,b=1 = three calls "
+                        "to a, then one to b (default: the server's default model)")  # fmt: skip
     parser.add_argument("--stream", action="store_true", help="TranslateStream; reports time to first token")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--backoff", type=float, default=0.05, help="closed loop: seconds a client waits after an UNAVAILABLE")
@@ -270,6 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.concurrency < 1 or args.rate < 0 or args.burst < 0 or (args.duration <= 0 and args.requests <= 0):
         raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate and --burst >= 0, and --duration or --requests positive")
+    try:
+        model_turns(args.model)
+    except ValueError as error:
+        raise SystemExit(f"nmt-loadtest: {error}") from None
     report = asyncio.run(LoadTest(args, load_texts(args.texts)).run())
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")

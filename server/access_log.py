@@ -8,11 +8,8 @@ logger = logging.getLogger("nmt_serve.access")
 
 
 class AccessLog:
-    """method, model, gRPC status, seconds from arrival to answer and the number of texts (- when the call had none,
-    or was refused before its message was read)."""
+    """method, model (- when the call was answered before a served model was known), gRPC status, seconds from arrival
+    to answer and the number of texts (- when the call had none, or was refused before its message was read)."""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
-
-    def record(self, method: str, code: str, seconds: float, texts: int | None = None) -> None:
-        logger.info("%s model=%s code=%s seconds=%.4f texts=%s", method, self.model, code, seconds, "-" if texts is None else texts)
+    def record(self, method: str, code: str, seconds: float, texts: int | None = None, model: str = "") -> None:
+        logger.info("%s model=%s code=%s seconds=%.4f texts=%s", method, model or "-", code, seconds, "-" if texts is None else texts)

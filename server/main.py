@@ -1,4 +1,4 @@
-"""nmt-serve: load and verify a model dir, serve it over gRPC with health and reflection, drain on SIGTERM."""
+"""nmt-serve: load and verify model dirs, serve them over gRPC with health and reflection, drain on SIGTERM."""
 
 from __future__ import annotations
 
@@ -23,12 +23,9 @@ from nmt_serve.server.access_log import AccessLog
 from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.arrivals import ArrivalClock
 from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.jobs import EngineLimits
 from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.models import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.request_deadline import RequestDeadline
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
-from nmt_serve.server.scheduler import QueueLimits, Scheduler
 from nmt_serve.server.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
 from nmt_serve.server.settings import ServerSettings, parse_settings
 from nmt_serve.server.workers import available_cores, plan_workers
@@ -42,51 +39,23 @@ DRAIN_QUIET_S = 0.05
 DRAIN_QUIET_MAX_S = 2.0
 
 
-class HostCheckRefused(RuntimeError):
-    """This host's results differ from the exporting host's beyond the model dir's bound."""
-
-
-def check_this_host(runtime: Runtime, mode: str, metrics: Metrics) -> None:
-    """The start-up self-check (runtime/self_check.py) in `mode` (ServerSettings.self_check); raises
-    HostCheckRefused, naming the file and the figures, when it fails under `refuse`."""
-    if mode == "off":
-        logger.warning("self-check off: this host's results are not compared with the exporting host's")
-        return
-    result = runtime.self_check()
-    if result is None:
-        return
-    metrics.checked_host(result.max_log_prob_diff, result.bound)
-    if not result.passed and mode == "refuse":
-        raise HostCheckRefused(f"{result.describe()} (--self-check warn serves anyway)")
-    if not result.passed:
-        logger.warning("serving although the self-check failed (--self-check warn)")
-
-
 class Server:
-    """One process: runtime, engine workers, gRPC server; `run` returns when a drain has finished."""
+    """One process: the models (runtimes, engines on one worker pool), gRPC server; `run` returns when a drain has finished."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         providers = tuple(p for p in settings.providers.split(",") if p) or tuple(available_providers())
         plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores(), settings.max_rows)
-        self.runtime = Runtime(Path(settings.model_dir), RuntimeSettings(providers=providers, intra_op_threads=plan.threads,
-                                                                       warmup_rows=min(plan.max_rows, 64)))  # fmt: skip
-        access_log = AccessLog(self.runtime.manifest.model_name) if settings.access_log else None
-        self.metrics = Metrics(access_log)
-        check_this_host(self.runtime, settings.self_check, self.metrics)
-        limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
-                              join_group=settings.join_group)  # fmt: skip
-        # The engines share the runtime's sessions (ONNX Runtime runs calls from several threads); each has its own caches.
-        engines = [Engine(self.runtime, limits, self.metrics) for _ in range(plan.engines)]
-        logger.info("%d engine(s) of up to %d rows per step, %s ONNX Runtime thread(s) per session", plan.engines, plan.max_rows,
+        self.metrics = Metrics(AccessLog() if settings.access_log else None)
+        self.models = load_models(settings, plan, providers, self.metrics)
+        logger.info("%d model(s) (%s), each with %d engine(s) of up to %d rows per step; %d worker(s) step them all, %s ONNX Runtime "
+                    "thread(s) per session", len(self.models), ", ".join(self.models.names), plan.engines, plan.max_rows, plan.engines,
                     plan.threads or "default")  # fmt: skip
-        queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
-        self.scheduler = Scheduler(engines, queue_limits, self.metrics)
-        manifest = self.runtime.manifest
-        self.metrics.describe_model(manifest.model_name, manifest.model_version, manifest.precision, self.runtime.provider)
-        self.metrics.watch_queue(lambda: self.scheduler.queue_depth, lambda: self.scheduler.running)
+        # The default model's runtime, and every model's schedulers as one (the drain and the early admission ask them).
+        self.runtime = self.models.default.runtime
+        self.scheduler = self.models.schedulers
         self.health = health.aio.HealthServicer()
-        self.service = TranslationService(self.runtime, self.scheduler, settings, self.metrics)
+        self.service = TranslationService(self.models, settings, self.metrics)
         self.port = 0
         self.metrics_port = 0
         self._metrics_server: Any = None
@@ -102,7 +71,7 @@ class Server:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def _set_health(self, status: int) -> None:
-        for name in (OVERALL, SERVICE_NAME):
+        for name in (OVERALL, SERVICE_NAME, *(model.health_name for model in self.models)):
             await self.health.set(name, status)
 
     def _build(self) -> grpc.aio.Server:
@@ -143,7 +112,8 @@ class Server:
                 self._loop.add_signal_handler(signum, self._stop.set)
         logger.info("listening on %s:%d (%s); warming up", self.settings.host, self.port, "TLS" if self.settings.tls_cert else "plaintext")
         # Warm-up runs ONNX Runtime, so it stays off the event loop; health says NOT_SERVING meanwhile.
-        await asyncio.to_thread(self.runtime.warm_up)
+        for model in self.models:
+            await asyncio.to_thread(model.runtime.warm_up)
         # Objects made at start-up (modules, sessions, the tokenizer) live as long as the process: frozen,
         # the cyclic collector stops walking them, so a full collection no longer pauses every row of the
         # batch (measured: ~40k tracked objects after warm-up, a full collection 30 ms before, 0.002 ms after).
@@ -153,8 +123,8 @@ class Server:
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
             if self.settings.port_file:
                 Path(self.settings.port_file).write_text(str(self.port), encoding="utf-8")
-            logger.info("serving %s (%s, %s) on port %d", self.runtime.manifest.model_name, self.runtime.manifest.precision,
-                        self.runtime.provider, self.port)  # fmt: skip
+            logger.info("serving %s on port %d", ", ".join(f"{model.name} ({model.runtime.manifest.precision}, {model.runtime.provider})"
+                                                        for model in self.models), self.port)  # fmt: skip
             self.serving.set()
         await self._stop.wait()
         await self.drain(server)
@@ -203,11 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = Server(settings)
-    except (ModelDirError, FileNotFoundError, SelfCheckError, HostCheckRefused) as error:
-        logger.error("cannot serve %s: %s", settings.model_dir, error)
+    except (ModelDirError, ModelSetError, FileNotFoundError, SelfCheckError, HostCheckRefused) as error:
+        logger.error("cannot serve %s: %s", ", ".join(map(str, settings.model_dirs)), error)
         return 1
     except Exception as error:  # an ONNX Runtime load failure names the file inside its message
-        logger.error("cannot load %s: %s", settings.model_dir, error)
+        logger.error("cannot load %s: %s", ", ".join(map(str, settings.model_dirs)), error)
         return 1
     try:
         asyncio.run(server.run())

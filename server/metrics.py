@@ -1,13 +1,12 @@
 """Every Prometheus metric of the server, defined once: prefix nmt_, base units, few labels.
 
 Each server owns its registry (tests run several servers in one process); process and Python
-collectors are registered on it too. The engine and scheduler report through small observer
-calls, so neither imports prometheus_client.
+collectors are registered on it too. Every metric about requests, engines or a model carries a
+`model` label; the engine and scheduler report through a ModelMetrics (observer calls bound to one
+model, server/model_metrics.py), so neither imports prometheus_client.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.exposition import generate_latest
@@ -16,6 +15,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from nmt_serve.server.access_log import AccessLog
+from nmt_serve.server.model_metrics import ModelMetrics
 
 # The documented latency objective: 99% of single-sentence requests within 0.5 s on the default
 # model (measured p99 at 70% load on 1 core: 0.28 s, bench/results/engine.md). 0.5 is a bucket edge.
@@ -27,6 +27,9 @@ STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# The model label of calls answered before a served model was known: refused at arrival or for their token,
+# a message that never came, or a model name not served (a name a client sends never becomes a label value).
+UNATTRIBUTED = ""
 
 
 class Metrics:
@@ -35,87 +38,61 @@ class Metrics:
         registry = self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
-        self.requests = Counter("nmt_requests", "Finished RPCs by method and gRPC status code.", ["method", "code"], registry=registry)
-        self.request_duration = Histogram("nmt_request_duration_seconds", "RPC time from arrival to answer.", ["method"],
+        model = ["model"]
+        self.requests = Counter("nmt_requests", "Finished RPCs by method, gRPC status code and model.", ["method", "code", "model"],
+                                registry=registry)  # fmt: skip
+        self.request_duration = Histogram("nmt_request_duration_seconds", "RPC time from arrival to answer.", ["method", "model"],
                                           buckets=REQUEST_BUCKETS, registry=registry)  # fmt: skip
-        self.queue_wait = Histogram("nmt_queue_wait_seconds", "Time from admission to joining the batch (encoded).",
+        self.queue_wait = Histogram("nmt_queue_wait_seconds", "Time from admission to joining the batch (encoded).", model,
                                     buckets=REQUEST_BUCKETS, registry=registry)  # fmt: skip
-        self.time_to_first_token = Histogram("nmt_time_to_first_token_seconds", "Time from admission to the first chosen token.",
+        self.time_to_first_token = Histogram("nmt_time_to_first_token_seconds", "Time from admission to the first chosen token.", model,
                                              buckets=REQUEST_BUCKETS, registry=registry)  # fmt: skip
-        self.input_tokens = Histogram("nmt_input_tokens", "Source tokens per text.", buckets=TOKEN_BUCKETS, registry=registry)
-        self.output_tokens = Histogram("nmt_output_tokens", "Tokens of the best hypothesis per text.", buckets=TOKEN_BUCKETS, registry=registry)
-        self.encode_duration = Histogram("nmt_encode_duration_seconds", "Encoder calls (all sources joining at one step).",
+        self.input_tokens = Histogram("nmt_input_tokens", "Source tokens per text.", model, buckets=TOKEN_BUCKETS, registry=registry)
+        self.output_tokens = Histogram("nmt_output_tokens", "Tokens of the best hypothesis per text.", model, buckets=TOKEN_BUCKETS,
+                                       registry=registry)  # fmt: skip
+        self.encode_duration = Histogram("nmt_encode_duration_seconds", "Encoder calls (all sources joining at one step).", model,
                                          buckets=STEP_BUCKETS, registry=registry)  # fmt: skip
-        self.step_duration = Histogram("nmt_decode_step_duration_seconds", "Whole engine steps: joins, decoder call, search.",
+        self.step_duration = Histogram("nmt_decode_step_duration_seconds", "Whole engine steps: joins, decoder call, search.", model,
                                        buckets=STEP_BUCKETS, registry=registry)  # fmt: skip
-        self.batch_rows = Histogram("nmt_batch_rows", "Rows (beams included) in one decoder call.", buckets=ROW_BUCKETS, registry=registry)
-        self.padding_ratio = Histogram("nmt_padding_ratio", "Share of the decoder call's past K/V slots that are padding.",
+        self.batch_rows = Histogram("nmt_batch_rows", "Rows (beams included) in one decoder call.", model, buckets=ROW_BUCKETS,
+                                    registry=registry)  # fmt: skip
+        self.padding_ratio = Histogram("nmt_padding_ratio", "Share of the decoder call's past K/V slots that are padding.", model,
                                        buckets=RATIO_BUCKETS, registry=registry)  # fmt: skip
-        self.generated_tokens = Counter("nmt_generated_tokens", "Tokens chosen by the decoder, beams included.", registry=registry)
-        self.queue_depth = Gauge("nmt_queue_depth", "Admitted requests waiting to join the batch.", registry=registry)
-        self.active_requests = Gauge("nmt_active_requests", "Requests in the batch.", registry=registry)
+        self.generated_tokens = Counter("nmt_generated_tokens", "Tokens chosen by the decoder, beams included.", model, registry=registry)
+        self.queue_depth = Gauge("nmt_queue_depth", "Admitted requests waiting to join the batch.", model, registry=registry)
+        self.active_requests = Gauge("nmt_active_requests", "Requests in the batch.", model, registry=registry)
         self.rejected = Counter("nmt_rejected", "Calls refused before admission, by reason; a call counts once, however many texts it holds.",
-                                ["reason"], registry=registry)  # fmt: skip
+                                ["reason", "model"], registry=registry)  # fmt: skip
+        # Not per model: the drain stops the whole server under them.
         self.cut_off = Counter("nmt_cut_off_calls", "Calls still running when the SIGTERM grace period ended; the server stopped under them.",
                                registry=registry)  # fmt: skip
-        self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).",
+        self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).", model,
                                        registry=registry)  # fmt: skip
-        self.model_info = Info("nmt_model", "The served model.", registry=registry)
+        self.model_info = Info("nmt_model", "A served model.", model, registry=registry)
         self.self_check_diff = Gauge("nmt_self_check_max_log_prob_diff", "Largest |log-prob difference| of the model dir's self-check "
-                                     "references on this host at start, against the exporting host's (-1: not checked).", registry=registry)
+                                     "references on this host at start, against the exporting host's (-1: not checked).", model,
+                                     registry=registry)  # fmt: skip
         self.self_check_bound = Gauge("nmt_self_check_bound", "The model dir's bound on nmt_self_check_max_log_prob_diff (-1: not checked).",
-                                      registry=registry)  # fmt: skip
-        self.checked_host(-1.0, -1.0)
+                                      model, registry=registry)  # fmt: skip
 
-    # ------------------------------------------------------------ observer calls (engine, scheduler)
+    def for_model(self, model: str) -> ModelMetrics:
+        """The observer calls of one served model (its engines, scheduler and self-check)."""
+        return ModelMetrics(self, model)
 
-    def describe_model(self, model: str, version: str, precision: str, provider: str) -> None:
-        self.model_info.info({"model": model, "version": version, "precision": precision, "provider": provider})
-
-    def checked_host(self, max_log_prob_diff: float, bound: float) -> None:
-        self.self_check_diff.set(max_log_prob_diff)
-        self.self_check_bound.set(bound)
-
-    def watch_queue(self, depth: Callable[[], float], active: Callable[[], float]) -> None:
-        """Gauges read at scrape time, so the engine thread never touches them."""
-        self.queue_depth.set_function(depth)
-        self.active_requests.set_function(active)
-
-    def encoded(self, seconds: float) -> None:
-        self.encode_duration.observe(seconds)
-
-    def stepped(self, seconds: float, rows: int, padding_ratio: float) -> None:
-        self.step_duration.observe(seconds)
-        self.batch_rows.observe(rows)
-        self.padding_ratio.observe(padding_ratio)
-        self.generated_tokens.inc(rows)
-
-    def engine_failed(self) -> None:
-        self.engine_failures.inc()
-
-    def rejected_for(self, reason: str) -> None:
-        self.rejected.labels(reason=reason).inc()
-
-    def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None:
-        if queue_wait_s is not None:
-            self.queue_wait.observe(queue_wait_s)
-        if first_token_s is not None:
-            self.time_to_first_token.observe(first_token_s)
-        self.input_tokens.observe(input_tokens)
-        if output_tokens is not None:
-            self.output_tokens.observe(output_tokens)
+    def rejected_for(self, reason: str, model: str = UNATTRIBUTED) -> None:
+        self.rejected.labels(reason=reason, model=model).inc()
 
     def refused(self, method: str, seconds: float) -> None:
         """A call the bearer-token check turned away (server/auth.py)."""
         self.answered(method, "UNAUTHENTICATED", seconds)
 
-    def answered(self, method: str, code: str, seconds: float, texts: int | None = None) -> None:
+    def answered(self, method: str, code: str, seconds: float, texts: int | None = None, model: str = UNATTRIBUTED) -> None:
         """Every finished call passes here (the service, the early refusals, the token and deadline checks):
         counted, and written to the access log when the server keeps one."""
-        self.requests.labels(method=method, code=code).inc()
-        self.request_duration.labels(method=method).observe(seconds)
+        self.requests.labels(method=method, code=code, model=model).inc()
+        self.request_duration.labels(method=method, model=model).observe(seconds)
         if self.access_log is not None:
-            self.access_log.record(method, code, seconds, texts)
+            self.access_log.record(method, code, seconds, texts, model)
 
     # ------------------------------------------------------------ exposition
 

@@ -29,7 +29,7 @@ class InvalidRequest(ValueError):
 
 
 class UnknownModel(LookupError):
-    """The request named a model this server does not serve."""
+    """The request named a model this server does not serve (server/models.py)."""
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,13 @@ class Task:
 
 
 class RequestReader:
-    """Turns Translate / TranslateStream messages into Tasks for the scheduler."""
+    """Turns Translate / TranslateStream messages into Tasks for one model's scheduler (the model is already chosen)."""
 
-    def __init__(self, tokenizer: Tokenizer, limits: Limits, model_name: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, limits: Limits) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
-        self.model_name = model_name
 
     def translate(self, request: pb.TranslateRequest) -> Task:
-        self._check_model(request.model)
         count = len(request.texts)
         if count == 0:
             raise InvalidRequest(f"texts must hold between 1 and {self.limits.max_texts} texts, got 0")
@@ -99,12 +97,7 @@ class RequestReader:
         return self._task(list(request.texts), request.options, "texts")
 
     def stream(self, request: pb.TranslateStreamRequest) -> Task:
-        self._check_model(request.model)
         return self._task([request.text], request.options, "text")
-
-    def _check_model(self, name: str) -> None:
-        if name and name != self.model_name:
-            raise UnknownModel(f"model {clipped(name)!r} is not served here; this server serves {self.model_name!r}")
 
     def _task(self, texts: list[str], options: pb.DecodingOptions, field: str) -> Task:
         limit = self.limits.max_chars_per_text

@@ -1,4 +1,4 @@
-"""Scheduler: the asyncio face of the engines — bounded admission, deadlines, cancellation, one worker thread per engine."""
+"""Scheduler: the asyncio face of one model's engines — bounded admission, deadlines, cancellation; workers step the engines."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from nmt_serve.model.search import Hypothesis, SearchOptions
 from nmt_serve.server.engine import Engine
+from nmt_serve.server.engine_pool import EnginePool
 from nmt_serve.server.jobs import Job, Outcome
 
 logger = logging.getLogger(__name__)
@@ -55,36 +56,34 @@ def least_loaded(engines: Sequence[Engine]) -> int:
 class Scheduler:
     """Submit from the event loop; ONNX Runtime runs in the engines' worker threads, never on the loop.
 
-    Each engine (server/workers.py says how many) steps its own batch in its own thread; a request
-    goes to the engine with the least load (beam rows waiting or running) and stays there.
+    Each engine (server/workers.py says how many) steps its own batch; a request goes to the engine
+    with the least load (beam rows waiting or running) and stays there. The engines are stepped by an
+    EnginePool: the scheduler's own (one worker per engine), or one shared with other models'
+    schedulers, which then starts and stops it.
     """
 
-    def __init__(self, engines: Sequence[Engine], limits: QueueLimits = QueueLimits(), observer: SchedulerObserver | None = None) -> None:
+    def __init__(self, engines: Sequence[Engine], limits: QueueLimits = QueueLimits(), observer: SchedulerObserver | None = None,
+                 pool: EnginePool | None = None) -> None:  # fmt: skip
         if not engines:
             raise ValueError("a scheduler needs at least one engine")
         self.engines = list(engines)
         self.limits = limits
         self.observer = observer
-        self._wakes = [threading.Event() for _ in self.engines]
-        self._stopping = threading.Event()
-        self._threads = [threading.Thread(target=self._work, args=(engine, wake), name=f"nmt-engine-{index}", daemon=True)
-                         for index, (engine, wake) in enumerate(zip(self.engines, self._wakes, strict=True))]  # fmt: skip
+        self._owns_pool = pool is None
+        self._pool = EnginePool(len(self.engines)) if pool is None else pool
+        self._pool.add(self.engines)
         self._lock = threading.Lock()
         self._requests = 0
         self._tokens = 0
         self.draining = False
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        if self._owns_pool:
+            self._pool.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        self._stopping.set()
-        for wake in self._wakes:
-            wake.set()
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._owns_pool:
+            self._pool.stop(timeout_s)
 
     @property
     def queue_depth(self) -> int:
@@ -100,24 +99,12 @@ class Scheduler:
     def in_flight(self) -> int:
         return self._requests
 
-    def _work(self, engine: Engine, wake: threading.Event) -> None:
-        while not self._stopping.is_set():
-            if not engine.has_work:
-                wake.wait(0.5)
-                wake.clear()
-                continue
-            try:
-                engine.step()
-            except Exception:  # the engine fails its own requests; this only keeps the thread alive
-                logger.exception("engine step raised")
-
     def _submit(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None,
                 on_tokens: Callable[[Job, np.ndarray], None] | None, on_done: Callable[[Job], None]) -> tuple[Engine, Job]:  # fmt: skip
-        """To the least loaded engine, whose worker is then woken."""
-        index = least_loaded(self.engines)
-        engine = self.engines[index]
+        """To the least loaded engine; a worker is then woken."""
+        engine = self.engines[least_loaded(self.engines)]
         job = engine.submit(src_ids, options, deadline, on_tokens=on_tokens, on_done=on_done)
-        self._wakes[index].set()
+        self._pool.wake()
         return engine, job
 
     def refusal(self) -> Rejected | None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmt_serve.runtime.manifest import MANIFEST_FILE
+
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
 SELF_CHECK_MODES = ("refuse", "warn", "off")
@@ -16,7 +18,11 @@ SELF_CHECK_MODES = ("refuse", "warn", "off")
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model_dir: Path = DEFAULT_MODEL_DIR
+    model_dir: Path = DEFAULT_MODEL_DIR  # the first model dir served (the shipped model when none is named)
+    # Further model dirs served beside model_dir: the other positional dirs, then --model-repo's (see from_arguments).
+    more_model_dirs: tuple[Path, ...] = ()
+    model_repo: str = ""  # a directory whose subdirectories holding a manifest.json are each served
+    default_model: str = ""  # the model that requests naming none get; empty = the first served
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = any free port (logged, and written to --port-file)
     port_file: str = ""  # where the bound port is written once serving (tests, scripts)
@@ -57,6 +63,11 @@ class ServerSettings:
     self_check: str = "refuse"
     access_log: int = 1  # 1 = one INFO line per finished call on the logger nmt_serve.access (never a text); 0 = none
 
+    @property
+    def model_dirs(self) -> tuple[Path, ...]:
+        """Every model dir to serve, in order."""
+        return (Path(self.model_dir), *self.more_model_dirs)
+
     def validate(self) -> None:
         problems = []
         for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_sentences_per_text", "max_message_bytes",
@@ -88,6 +99,8 @@ class ServerSettings:
 MEANINGS = {
     "port": "0 = any free port (logged, and written to --port-file)",
     "metrics_port": "0 = any free port (logged); -1 = no endpoint",
+    "model_repo": "a directory whose subdirectories holding a manifest.json are each one served model, in name order",
+    "default_model": "the model name requests with an empty model field get; empty = the first model served",
     "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",
     "max_sentences_per_text": "sentences in one text when split_sentences is on; each is its own engine job",
     "join_wait_steps": "a busy batch takes newcomers once join_group wait or the oldest waited this many steps; 0 = every step",
@@ -112,9 +125,12 @@ def env_name(field_name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field; its default is the NMT_ variable when set, else the field default."""
     for item in dataclasses.fields(ServerSettings):
+        if item.name == "more_model_dirs":  # the positional model_dir takes them
+            continue
         if item.name == "model_dir":
-            parser.add_argument("model_dir", nargs="?", type=Path, default=None,
-                                help=f"model dir (env {env_name(item.name)}; default: the shipped model)")  # fmt: skip
+            parser.add_argument("model_dir", nargs="*", type=Path, default=None,
+                                help=f"model dirs, one model each (env {env_name(item.name)}, several separated by '{os.pathsep}'; "
+                                     f"default: the shipped model unless --model-repo is given)")  # fmt: skip
             continue
         kind = type(item.default)
         meaning = f"; {MEANINGS[item.name]}" if item.name in MEANINGS else ""
@@ -124,9 +140,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerSettings:
     """Flag, else environment variable, else default; validated."""
-    values = {}
+    values: dict[str, object] = {}
     for item in dataclasses.fields(ServerSettings):
         flag = getattr(args, item.name, None)
+        if item.name in ("model_dir", "more_model_dirs"):
+            continue
         if flag is not None:
             values[item.name] = flag
         elif env_name(item.name) in environ:
@@ -135,9 +153,23 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.env
                 values[item.name] = type(item.default)(raw)
             except ValueError as error:
                 raise ValueError(f"{env_name(item.name)}={raw!r}: {error}") from None
+    named = list(args.model_dir or ()) or [Path(part) for part in environ.get(env_name("model_dir"), "").split(os.pathsep) if part]
+    dirs = named + find_model_dirs(Path(str(values["model_repo"]))) if values.get("model_repo") else named
+    if dirs:
+        values["model_dir"], values["more_model_dirs"] = dirs[0], tuple(dirs[1:])
     settings = ServerSettings(**values)
     settings.validate()
     return settings
+
+
+def find_model_dirs(repo: Path) -> list[Path]:
+    """The subdirectories of a model repository that hold a manifest.json, in name order; a repo without one is an error."""
+    if not repo.is_dir():
+        raise ValueError(f"model_repo {str(repo)!r} is not a directory")
+    found = sorted(path for path in repo.iterdir() if (path / MANIFEST_FILE).is_file())
+    if not found:
+        raise ValueError(f"model_repo {str(repo)!r} holds no model dir (a subdirectory with a {MANIFEST_FILE})")
+    return found
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerSettings:

@@ -102,6 +102,12 @@ def scrape(port: int) -> Samples:
             for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
 
 
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of `name` over every label set holding `labels` (a metric's other labels, such as model, summed over)."""
+    wanted = set(labels.items())
+    return sum(value for (sample, sample_labels), value in samples.items() if sample == name and wanted <= set(sample_labels))
+
+
 def scrape_until(port: int, ready: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
     """A failed call's status can reach the client a moment before the server counts it."""
     deadline = time.monotonic() + timeout_s

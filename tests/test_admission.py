@@ -10,7 +10,7 @@ import pytest
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.service import SERVICE_NAME
 from tests.raw_http2 import END_HEADERS, HEADERS, call, frame, request_headers
-from tests.serving import RunningServer, scrape_until, server_settings, wait_for
+from tests.serving import RunningServer, scrape_until, server_settings, total, wait_for
 
 LONG = pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)
 
@@ -27,12 +27,11 @@ def test_early_admission_refuses_before_reading_the_message(tiny_model_dir: Path
             with pytest.raises(grpc.RpcError, match="queue full") as caught:
                 stub.Translate(pb.TranslateRequest(texts=["Hund"] * 4), timeout=10)
             holder.cancel()
-        key = ("nmt_rejected_total", (("reason", "queue_full"),))
-        samples = scrape_until(server.server.metrics_port, lambda found: found.get(key, 0) >= 2)
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_rejected_total", reason="queue_full") >= 2)
     assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], ending
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert samples[key] == 2  # calls, not texts: the refused Translate held four
-    assert samples[("nmt_requests_total", (("code", "RESOURCE_EXHAUSTED"), ("method", "Translate")))] == 2
+    assert total(samples, "nmt_rejected_total", reason="queue_full") == 2  # calls, not texts: the refused Translate held four
+    assert total(samples, "nmt_requests_total", code="RESOURCE_EXHAUSTED", method="Translate") == 2
 
 
 def test_early_admission_lets_calls_in_once_a_place_frees(tiny_model_dir: Path) -> None:

@@ -14,7 +14,7 @@ import yaml
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
 from nmt_serve.server.settings import ServerSettings
-from tests.serving import RunningServer, Samples, scrape_until, server_settings
+from tests.serving import RunningServer, Samples, scrape_until, server_settings, total
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt-serve.json"
@@ -36,17 +36,18 @@ def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
             with pytest.raises(grpc.RpcError):
                 stub.Translate(pb.TranslateRequest(), timeout=30)
         stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-    key = ("nmt_requests_total", (("code", "INVALID_ARGUMENT"), ("method", "Translate")))
+    manifest = metered.server.runtime.manifest
 
     def settled(found: Samples) -> bool:
         # The step that finishes a request is counted when the step ends, a moment after its answer left.
-        generated, output = found.get(("nmt_generated_tokens_total", ()), 0.0), found.get(("nmt_output_tokens_sum", ()), 0.0)
-        return found.get(key) == 2 and generated >= output
+        generated, output = total(found, "nmt_generated_tokens_total"), total(found, "nmt_output_tokens_sum")
+        return total(found, "nmt_requests_total", method="Translate", code="INVALID_ARGUMENT") == 2 and generated >= output
 
     samples = scrape_until(metered.server.metrics_port, settled)
 
     def value(name: str, **labels: str) -> float:
-        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+        """Every call here named the served model (by leaving the field empty), so each sample carries its name."""
+        return samples.get((name, tuple(sorted({"model": manifest.model_name, **labels}.items()))), 0.0)
 
     assert value("nmt_requests_total", method="Translate", code="OK") == 3
     assert value("nmt_requests_total", method="Translate", code="INVALID_ARGUMENT") == 2
@@ -60,10 +61,9 @@ def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
     assert steps > 0 and value("nmt_batch_rows_count") == steps and value("nmt_generated_tokens_total") >= value("nmt_output_tokens_sum")
     assert 0 <= value("nmt_padding_ratio_sum") <= steps
     assert value("nmt_queue_depth") == 0 and value("nmt_active_requests") == 0
-    manifest = metered.server.runtime.manifest
-    info = {"model": manifest.model_name, "version": manifest.model_version, "precision": "fp32", "provider": "CPUExecutionProvider"}
+    info = {"version": manifest.model_version, "precision": "fp32", "provider": "CPUExecutionProvider"}
     assert value("nmt_model_info", **info) == 1
-    assert value("process_resident_memory_bytes") > 0  # process metrics come with the server's registry
+    assert total(samples, "process_resident_memory_bytes") > 0  # process metrics come with the server's registry
 
 
 def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
@@ -76,16 +76,16 @@ def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund."]), timeout=30)
             holder.cancel()
-        key = ("nmt_requests_total", (("code", "RESOURCE_EXHAUSTED"), ("method", "Translate")))
-        samples = scrape_until(server.server.metrics_port, lambda found: key in found)
+        exhausted = {"code": "RESOURCE_EXHAUSTED", "method": "Translate"}
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_requests_total", **exhausted) > 0)
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert samples[("nmt_rejected_total", (("reason", "queue_full"),))] >= 1
-    assert samples[key] == 1
+    assert total(samples, "nmt_rejected_total", reason="queue_full") >= 1
+    assert total(samples, "nmt_requests_total", **exhausted) == 1
 
 
 def test_metrics_count_a_cancelled_stream_as_cancelled(metered: RunningServer) -> None:
     def count(samples: Samples, code: str) -> float:
-        return samples.get(("nmt_requests_total", (("code", code), ("method", "TranslateStream"))), 0.0)
+        return total(samples, "nmt_requests_total", code=code, method="TranslateStream")
 
     port = metered.server.metrics_port
     before = scrape_until(port, lambda found: True)
@@ -112,10 +112,11 @@ def test_metrics_count_unauthenticated_calls(tiny_model_dir: Path) -> None:
                 stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
             with pytest.raises(grpc.RpcError, match="bearer token"):
                 list(stub.TranslateStream(pb.TranslateStreamRequest(text="Hund"), timeout=10))
-        keys = [("nmt_requests_total", (("code", "UNAUTHENTICATED"), ("method", method))) for method in ("Translate", "TranslateStream")]
+        # Refused before the message (and its model field) was read: counted under no model.
+        keys = [("nmt_requests_total", (("code", "UNAUTHENTICATED"), ("method", method), ("model", ""))) for method in ("Translate", "TranslateStream")]
         samples = scrape_until(server.server.metrics_port, lambda found: all(key in found for key in keys))
     assert [samples.get(key) for key in keys] == [1, 1]
-    assert samples[("nmt_request_duration_seconds_count", (("method", "Translate"),))] == 1
+    assert samples[("nmt_request_duration_seconds_count", (("method", "Translate"), ("model", "")))] == 1
 
 
 def test_latency_buckets_include_the_documented_slo() -> None:

@@ -71,7 +71,8 @@ def test_prometheus_scrapes_request_counts_the_client_saw(prometheus_on: tuple[R
     assert sent == {"OK": 6, "INVALID_ARGUMENT": 3}
 
     def counts() -> dict[str, float] | None:
-        found = {item["metric"]["code"]: float(item["value"][1]) for item in query(port, 'nmt_requests_total{job="nmt",method="Translate"}')}
+        by_code = 'sum by (code) (nmt_requests_total{job="nmt",method="Translate"})'
+        found = {item["metric"]["code"]: float(item["value"][1]) for item in query(port, by_code)}
         return found if found == sent else None
 
     assert wait_for(counts) == sent, query(port, "nmt_requests_total")

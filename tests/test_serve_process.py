@@ -21,7 +21,7 @@ from nmt_serve.bench.balancer import free_port
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from nmt_serve.server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
-from tests.serving import RunningServer, Samples, scrape_until, server_settings, wait_for
+from tests.serving import RunningServer, Samples, scrape_until, server_settings, total, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def served(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Served]:
 def admitted(samples: Samples) -> float:
     """Translate requests admitted so far: waiting to join, in the batch, or answered."""
     answered = sum(value for (name, labels), value in samples.items() if name == "nmt_requests_total" and ("method", "Translate") in labels)
-    return samples[("nmt_queue_depth", ())] + samples[("nmt_active_requests", ())] + answered
+    return total(samples, "nmt_queue_depth") + total(samples, "nmt_active_requests") + answered
 
 
 def test_serve_sigterm_under_load_loses_no_admitted_request(served: Served) -> None:

@@ -15,7 +15,7 @@ from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.runtime.manifest import load_model_dir, write_manifest
 from nmt_serve.runtime.self_check import SELF_CHECK_FILE
 from nmt_serve.server.main import main as serve_main
-from tests.serving import RunningServer, scrape, server_settings
+from tests.serving import RunningServer, scrape, server_settings, total
 
 
 def shifted_copy(model_dir: Path, tmp_path: Path, shift: float) -> Path:
@@ -39,8 +39,9 @@ def test_serve_self_check_reported_in_model_info_and_metrics(tiny_model_dir: Pat
     # The exporting host itself, one thread against the export's default: fp32 rounding only (1e-4, as every fp32 parity test)
     assert check.checked and check.bound == 1e-3 and 0.0 <= check.max_log_prob_diff <= 1e-4
     assert check.exported_on == check.checked_on != ""
-    assert samples[("nmt_self_check_max_log_prob_diff", ())] == pytest.approx(check.max_log_prob_diff)
-    assert samples[("nmt_self_check_bound", ())] == 1e-3
+    model = (("model", running.server.runtime.manifest.model_name),)
+    assert samples[("nmt_self_check_max_log_prob_diff", model)] == pytest.approx(check.max_log_prob_diff)
+    assert samples[("nmt_self_check_bound", model)] == 1e-3
 
 
 def test_serve_refuses_a_host_beyond_the_bound_naming_file_and_figure(tiny_model_dir: Path, tmp_path: Path,
@@ -75,7 +76,7 @@ def test_serve_self_check_off_and_missing_reference_are_not_checked(tiny_model_d
             channel, stub = running.stub()
             with channel:
                 assert not stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).host_check.checked
-            assert scrape(running.server.metrics_port)[("nmt_self_check_max_log_prob_diff", ())] == -1
+            assert total(scrape(running.server.metrics_port), "nmt_self_check_max_log_prob_diff") == -1
 
 
 def test_serve_self_check_mode_validated() -> None:

@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class TranslationServiceStub:
-    """Translates text with the model this server was started on. Clients should load the retry policy
-    in service_config.json beside this file (a gRPC service config) into their channels.
+    """Translates text with the models this server serves (ListModels names them; one is the default).
+    Clients should load the retry policy in service_config.json beside this file (a gRPC service
+    config) into their channels.
     """
 
     def __init__(self, channel):
@@ -51,11 +52,17 @@ class TranslationServiceStub:
                 request_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/nmt.translation.v1.TranslationService/ListModels',
+                request_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class TranslationServiceServicer:
-    """Translates text with the model this server was started on. Clients should load the retry policy
-    in service_config.json beside this file (a gRPC service config) into their channels.
+    """Translates text with the models this server serves (ListModels names them; one is the default).
+    Clients should load the retry policy in service_config.json beside this file (a gRPC service
+    config) into their channels.
     """
 
     def Translate(self, request, context):
@@ -74,12 +81,20 @@ class TranslationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """What is served: model, languages, precision, execution provider and limits.
+        """One served model: name, languages, precision, execution provider and limits. The request's
+        model names it; empty means the default model; any other name is NOT_FOUND.
 
         The response keeps its v1 name ModelInfo rather than GetModelInfoResponse: renaming a message
         is invisible on the wire but breaks every client's generated code, and the message describes a
         thing (the served model) rather than one call's outcome.
         buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Every served model, the default one first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,6 +118,11 @@ def add_TranslationServiceServicer_to_server(servicer, server):
                     request_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.FromString,
                     response_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.SerializeToString,
             ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.FromString,
+                    response_serializer=nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'nmt.translation.v1.TranslationService', rpc_method_handlers)
@@ -112,8 +132,9 @@ def add_TranslationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TranslationService:
-    """Translates text with the model this server was started on. Clients should load the retry policy
-    in service_config.json beside this file (a gRPC service config) into their channels.
+    """Translates text with the models this server serves (ListModels names them; one is the default).
+    Clients should load the retry policy in service_config.json beside this file (a gRPC service
+    config) into their channels.
     """
 
     @staticmethod
@@ -187,6 +208,33 @@ class TranslationService:
             '/nmt.translation.v1.TranslationService/GetModelInfo',
             nmt_dot_translation_dot_v1_dot_translation__pb2.GetModelInfoRequest.SerializeToString,
             nmt_dot_translation_dot_v1_dot_translation__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nmt.translation.v1.TranslationService/ListModels',
+            nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.SerializeToString,
+            nmt_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,173 @@
+"""One served model as the service uses it: its runtime, scheduler and request reader; translate, stream, describe."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt_serve.model.search import FinishReason, Hypothesis, SearchOptions
+from nmt_serve.model.sentences import join
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.model_metrics import ModelMetrics
+from nmt_serve.server.requests import Limits, RequestReader, Sentence, Source, Task
+from nmt_serve.server.runtime import Runtime
+from nmt_serve.server.scheduler import Scheduler
+from nmt_serve.server.settings import ServerSettings
+
+FINISH_REASONS = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
+REPLACEMENT_CHAR = "\ufffd"  # what a byte-level token that ends mid-character decodes to
+# A model's grpc.health.v1 name: the service's, a slash, the model's name.
+HEALTH_PREFIX = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name + "/"
+
+
+class ServedModel:
+    """Requests reach it validated only as far as its name; everything after that depends on the model."""
+
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings, metrics: ModelMetrics | None = None) -> None:
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.settings = settings
+        self.metrics = metrics
+        self.name = runtime.manifest.model_name
+        self.tokenizer = runtime.tokenizer
+        self.limits = Limits.from_settings(settings, runtime.config.max_positions)
+        self.reader = RequestReader(runtime.tokenizer, self.limits)
+
+    @property
+    def model_dir(self) -> Path:
+        return self.runtime.model_dir
+
+    @property
+    def health_name(self) -> str:
+        return HEALTH_PREFIX + self.name
+
+    async def translate(self, request: pb.TranslateRequest, deadline: float) -> pb.TranslateResponse:
+        task = self.reader.translate(request)
+        # Every sentence of every text is its own job, all submitted at once so that they share batches.
+        # A TaskGroup cancels the other jobs as soon as one fails, so none runs on unanswered.
+        async with asyncio.TaskGroup() as group:
+            jobs = [[group.create_task(self.scheduler.translate(sentence.token_ids, self._sentence_options(task, number), deadline))
+                     for number, sentence in enumerate(source.sentences)] for source in task.sources]  # fmt: skip
+        translations = [pb.Translation(hypotheses=self._joined(source, [job.result() for job in text_jobs]))
+                        for source, text_jobs in zip(task.sources, jobs, strict=True)]  # fmt: skip
+        return pb.TranslateResponse(translations=translations, model=self.name)
+
+    async def stream(self, request: pb.TranslateStreamRequest, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
+        task = self.reader.stream(request)
+        source = task.sources[0]
+        if source.blank:
+            yield pb.TranslateStreamResponse(final=True, hypotheses=[self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))])
+            return
+        async for message in self._stream_sentences(source, task, deadline):
+            yield message
+
+    def info(self) -> pb.ModelInfo:
+        manifest, settings, limits = self.runtime.manifest, self.settings, self.limits
+        pb_limits = pb.Limits(
+            max_texts=limits.max_texts, max_chars_per_text=limits.max_chars_per_text, max_source_tokens=limits.max_source_tokens,
+            max_output_tokens=limits.max_output_tokens, max_beam_size=limits.max_beam_size, max_message_bytes=settings.max_message_bytes,
+            max_queued_requests=settings.max_queued_requests, default_deadline_seconds=settings.default_deadline_s,
+            max_sentences_per_text=limits.max_sentences_per_text,
+        )  # fmt: skip
+        checked = self.runtime.host_check
+        host_check = pb.HostCheck() if checked is None else pb.HostCheck(
+            checked=True, max_log_prob_diff=checked.max_log_prob_diff, bound=checked.bound, exported_on=checked.reference_cpu,
+            checked_on=checked.cpu)  # fmt: skip
+        return pb.ModelInfo(name=manifest.model_name, version=manifest.model_version, source_language=manifest.source_language,
+                            target_language=manifest.target_language, precision=manifest.precision,
+                            execution_provider=self.runtime.provider, limits=pb_limits, host_check=host_check)  # fmt: skip
+
+    @staticmethod
+    def _sentence_options(task: Task, number: int) -> SearchOptions:
+        """The target prefix starts the text, so only its first sentence is forced to it."""
+        if number == 0 or not task.options.target_prefix:
+            return task.options
+        return dataclasses.replace(task.options, target_prefix=())
+
+    async def _stream_sentences(self, source: Source, task: Task, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
+        """Every sentence runs at once; greedy sends each one's text in order, the original whitespace between them.
+
+        Beam search sends nothing before the joined n-best (a beam's best row can change every step).
+        """
+        streaming = task.options.beam_size == 1
+        queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in source.sentences]
+        pumps = [asyncio.create_task(self._pump(sentence, self._sentence_options(task, number), deadline, queue))
+                 for number, (sentence, queue) in enumerate(zip(source.sentences, queues, strict=True))]  # fmt: skip
+        try:
+            nbests: list[list[Hypothesis]] = []
+            # Text owed to the client: the whitespace before the next sentence, and a finished sentence's tail
+            # (what its last tokens added); it goes out with the next delta, or with the final message.
+            pending, cut = "", 0
+            for sentence, queue in zip(source.sentences, queues, strict=True):
+                pending += source.text[cut:sentence.start]
+                cut = sentence.end
+                # Forced target-prefix tokens arrive through the stream like chosen ones.
+                token_ids: list[int] = []
+                sent = ""
+                while True:
+                    event = await queue.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    if not isinstance(event, np.ndarray):
+                        nbests.append(event)
+                        break
+                    token_ids.extend(int(token) for token in event if token != self.runtime.config.eos_id)
+                    delta, sent = self._delta(token_ids, sent)
+                    if delta and streaming:
+                        yield pb.TranslateStreamResponse(text_delta=pending + delta)
+                        pending = ""
+                # The deltas must add up to the final best text, whatever the tokenizer did at the end.
+                text = self.tokenizer.decode(nbests[-1][0].token_ids)
+                pending += text[len(sent):] if text.startswith(sent) else ""
+            hypotheses = self._joined(source, nbests)
+            tail = pending + source.text[cut:] if streaming else hypotheses[0].text
+            yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+
+    async def _pump(self, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
+        """One sentence's stream into its queue, a failure included, so the sentences ahead of it need not wait."""
+        try:
+            async for event in self.scheduler.stream(sentence.token_ids, options, deadline):
+                queue.put_nowait(event)
+        except Exception as error:  # noqa: BLE001 - handed to the call, which answers with its status
+            queue.put_nowait(error)
+
+    def _joined(self, source: Source, nbests: list[list[Hypothesis]]) -> list[pb.Hypothesis]:
+        """A text's n-best from its sentences' (the rules are the proto's, at DecodingOptions.split_sentences)."""
+        if source.blank:
+            return [self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))]  # no engine slot
+        if len(nbests) == 1:
+            (start, end), = source.spans
+            return [self._hypothesis(h, source.text[:start], source.text[end:]) for h in nbests[0]]
+        joined = []
+        for rank in range(max(len(nbest) for nbest in nbests)):
+            picks = [nbest[min(rank, len(nbest) - 1)] for nbest in nbests]
+            text = join(source.text, source.spans, [self.tokenizer.decode(h.token_ids) for h in picks])
+            # Each sentence weighs the length its own score was normalised by: its tokens, plus EOS when it chose one.
+            weights = [len(h.token_ids) + (h.finish_reason is FinishReason.EOS) for h in picks]
+            score = sum(h.score * weight for h, weight in zip(picks, weights, strict=True)) / sum(weights)
+            reasons = [h.finish_reason for h in picks]
+            reason = (FinishReason.LENGTH if FinishReason.LENGTH in reasons else
+                      next((r for r in reasons if r is not FinishReason.EOS), FinishReason.EOS))  # fmt: skip
+            joined.append(pb.Hypothesis(text=text, score=score, token_count=sum(len(h.token_ids) for h in picks),
+                                        finish_reason=FINISH_REASONS[reason]))  # fmt: skip
+        return joined
+
+    def _hypothesis(self, hypothesis: Hypothesis, before: str = "", after: str = "") -> pb.Hypothesis:
+        """`before` and `after`: the text's own whitespace around its only sentence."""
+        return pb.Hypothesis(text=before + self.tokenizer.decode(hypothesis.token_ids) + after, score=hypothesis.score,
+                             token_count=len(hypothesis.token_ids), finish_reason=FINISH_REASONS[hypothesis.finish_reason])  # fmt: skip
+
+    def _delta(self, token_ids: list[int], sent: str) -> tuple[str, str]:
+        """New text since `sent`; held back while the last token ends mid-character or rewrites what was sent."""
+        text = self.tokenizer.decode(token_ids)
+        if text.endswith(REPLACEMENT_CHAR) or not text.startswith(sent):
+            return "", sent
+        return text[len(sent):], text
