@@ -67,6 +67,8 @@ def compare_with_transformers(source_dir: Path, model: Transformer, tokenizer: T
 
     reference = MarianMTModel.from_pretrained(str(source_dir)).eval()
     config = model.config
+    # Both sides stop where the position table ends (our search clamps there; transformers would fail past it).
+    max_new_tokens = min(max_new_tokens, config.max_positions - 1)
     encoded = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch(list(sentences))]
     worst, identical, first_difference = 0.0, 0, None
     for start in range(0, len(encoded), BATCH):

@@ -57,7 +57,7 @@ def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, **conf
     (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}), encoding="utf-8")
     pad = vocab["<pad>"]
     settings: dict[str, object] = dict(vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=48,
                                        activation_function=activation, scale_embedding=True, pad_token_id=pad, decoder_start_token_id=pad,
                                        eos_token_id=0, forced_eos_token_id=0, share_encoder_decoder_embeddings=True)  # fmt: skip
     settings.update(config_overrides)
