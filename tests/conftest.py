@@ -65,6 +65,6 @@ def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Hugging Face Marian dir (swish, random final_logits_bias, its own SentencePiece models)."""
     pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")
     pytest.importorskip("sentencepiece", reason="nmt-import needs the import extra (transformers, sentencepiece)")
-    from tests.marian_source import build_marian_dir
+    from nmt_serve.bench.random_marian import build_marian_dir
 
     return build_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from nmt_serve.bench.random_marian import build_marian_dir, german_sentences
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import write_tsv
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.self_check import check_model_dir
-from tests.marian_source import build_marian_dir, german_sentences
 from tests.serving import RunningServer, server_settings
 
 pytest.importorskip("transformers", reason="nmt-import needs the import extra")

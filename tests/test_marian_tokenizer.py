@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nmt_serve.bench.random_marian import german_sentences, train_sentencepiece
 from nmt_serve.model.tokenizer import Tokenizer
-from tests.marian_source import german_sentences, train_sentencepiece
 
 pytest.importorskip("transformers", reason="nmt-import needs the import extra")
 from nmt_serve.importers.sentencepiece_tokenizer import TokenizerImportError, convert_marian_tokenizer  # noqa: E402

@@ -1,4 +1,8 @@
-"""A tiny random Hugging Face Marian dir built locally: transformers' MarianMTModel, SentencePiece models trained here."""
+"""Random Hugging Face Marian dirs built locally: transformers' MarianMTModel, SentencePiece models trained here.
+
+The tests use a tiny one; nmt-marian-bench one of opus-mt-de-en's shape (OPUS_MT_SHAPE). Nothing is
+downloaded: the weights are random, the SentencePiece models are trained on generated German.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +31,14 @@ def train_sentencepiece(texts: Sequence[str], path: Path, vocab_size: int) -> No
     path.write_bytes(model.getvalue())
 
 
-def marian_vocab(source: Path, target: Path) -> dict[str, int]:
-    """Marian's layout: </s> 0, <unk> 1, the source then target pieces, <pad> last."""
+# Helsinki-NLP/opus-mt-de-en's config.json (d_model 512, 6+6 layers, FFN 2048, 8 heads, 58,101 ids, swish).
+OPUS_MT_SHAPE = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                     encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512)  # fmt: skip
+OPUS_MT_VOCAB = 58101
+
+
+def marian_vocab(source: Path, target: Path, size: int = 0) -> dict[str, int]:
+    """Marian's layout: </s> 0, <unk> 1, the source then target pieces, <pad> last; filler pieces up to `size`."""
     import sentencepiece
 
     tokens = ["</s>", "<unk>"]
@@ -38,12 +48,14 @@ def marian_vocab(source: Path, target: Path) -> dict[str, int]:
             piece = processor.id_to_piece(piece_id)
             if not (processor.is_control(piece_id) or processor.is_unknown(piece_id)) and piece not in tokens:
                 tokens.append(piece)
+    # Fillers stand for the target pieces of a real vocabulary: never produced by the source model.
+    tokens += [f"{chr(0x2581)}filler{index}" for index in range(max(0, size - len(tokens) - 1))]
     tokens.append("<pad>")
     return {token: token_id for token_id, token in enumerate(tokens)}
 
 
-def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, **config_overrides: object) -> Path:
-    """A tiny random MarianMTModel with its tokenizer files, saved as transformers saves it."""
+def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, vocab_size: int = 0, **config_overrides: object) -> Path:
+    """A random MarianMTModel (tiny unless `config_overrides` say otherwise) with its tokenizer files, saved as transformers saves it."""
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -52,7 +64,7 @@ def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, **conf
     train_sentencepiece(texts, out / "source.spm", 120)
     # The target side is other text, so vocab.json holds pieces the source model never produces.
     train_sentencepiece([text.lower() + " the house is green" for text in texts], out / "target.spm", 120)
-    vocab = marian_vocab(out / "source.spm", out / "target.spm")
+    vocab = marian_vocab(out / "source.spm", out / "target.spm", vocab_size)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}), encoding="utf-8")
     pad = vocab["<pad>"]
@@ -65,5 +77,7 @@ def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, **conf
     model = MarianMTModel(MarianConfig(**settings))
     with torch.no_grad():  # a random bias, so a converter that dropped it would be caught
         model.final_logits_bias.normal_(0.0, 0.5)
+        if vocab_size:  # init_std 0.02 makes every logit ~0 at d_model 512; this spread gives outputs a real argmax
+            model.model.shared.weight.normal_(0.0, 1.0)
     model.save_pretrained(str(out))
     return out
