@@ -128,3 +128,17 @@ def test_converted_pair_saves_and_loads_as_two_files(tokenizers: tuple[object, T
     assert loaded.encode_batch(texts) == ours.encode_batch(texts)
     assert loaded.decode_batch(loaded.encode_batch(texts)) == ours.decode_batch(ours.encode_batch(texts))
     shutil.rmtree(tmp_path)
+
+
+def test_language_code_of_a_multilingual_model_is_one_token_as_in_marian(marian_dir: Path, tmp_path: Path) -> None:
+    from transformers import MarianTokenizer
+
+    vocab = json.loads((marian_dir / "vocab.json").read_text(encoding="utf-8"))
+    pad = vocab.pop("<pad>")
+    vocab.update({">>fra<<": pad, ">>spa<<": pad + 1, "<pad>": pad + 2})
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    reference = MarianTokenizer(str(marian_dir / "source.spm"), str(marian_dir / "target.spm"), str(tmp_path / "vocab.json"))
+    ours = convert_marian_tokenizer(marian_dir / "source.spm", vocab, tmp_path / "vocab.json", SPECIALS)
+    for text in [">>fra<< Guten Morgen", ">>spa<<Haus", ">>fra<<  die Straße ist groß."]:
+        expected = reference(text)["input_ids"][:-1]
+        assert expected[0] == vocab[text[:7]] and ours.encode(text) == expected
