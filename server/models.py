@@ -116,6 +116,6 @@ def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str
         scheduler = Scheduler([Engine(runtime, limits, view) for _ in range(plan.engines)], queue_limits, view, pool)
         view.describe(runtime.manifest.model_version, runtime.manifest.precision, runtime.provider)
         view.watch_queue(lambda scheduler=scheduler: scheduler.queue_depth, lambda scheduler=scheduler: scheduler.running)
-        models.append(ServedModel(runtime, scheduler, settings, view))
+        models.append(ServedModel(runtime, scheduler, settings))
     schedulers = Schedulers([model.scheduler for model in models], pool)
     return ModelRegistry(models, default_name, schedulers)

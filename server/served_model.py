@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,6 @@ import numpy as np
 from nmt_serve.model.search import FinishReason, Hypothesis, SearchOptions
 from nmt_serve.model.sentences import join
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.model_metrics import ModelMetrics
 from nmt_serve.server.requests import Limits, RequestReader, Sentence, Source, Task
 from nmt_serve.server.runtime import Runtime
 from nmt_serve.server.scheduler import Scheduler
@@ -28,19 +26,14 @@ HEALTH_PREFIX = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name +
 class ServedModel:
     """Requests reach it validated only as far as its name; everything after that depends on the model."""
 
-    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings, metrics: ModelMetrics | None = None) -> None:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings) -> None:
         self.runtime = runtime
         self.scheduler = scheduler
         self.settings = settings
-        self.metrics = metrics
         self.name = runtime.manifest.model_name
         self.tokenizer = runtime.tokenizer
         self.limits = Limits.from_settings(settings, runtime.config.max_positions)
         self.reader = RequestReader(runtime.tokenizer, self.limits)
-
-    @property
-    def model_dir(self) -> Path:
-        return self.runtime.model_dir
 
     @property
     def health_name(self) -> str:
