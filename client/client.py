@@ -20,7 +20,9 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 # safe to retry. A CANCELLED the server sends (this client's own cancels are never retried) comes from a
 # stopping server: grpc core cancels calls it had not yet handed to a handler (grpc/grpc#41785), and calls
 # still running when the grace period ends. Translation is idempotent, so both are retried, with gRPC's
-# built-in retries and exponential backoff 0.1 s .. 1 s.
+# built-in retries and exponential backoff 0.1 s .. 1 s. Balancing is round_robin: a name that resolves
+# to several replicas (a headless Kubernetes Service, a multi-address target) gets calls spread over all
+# of them; pick_first, gRPC's default, would send every call to the first.
 SERVICE_CONFIG_FILE = "service_config.json"
 SERVICE_CONFIG = json.loads(resources.files(pb.__package__).joinpath(SERVICE_CONFIG_FILE).read_text(encoding="utf-8"))
 CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(SERVICE_CONFIG))]

@@ -90,6 +90,36 @@ def test_client_channel_carries_the_published_service_config() -> None:
     assert json.loads(options["grpc.service_config"]) == json.loads(SERVICE_CONFIG.read_text(encoding="utf-8"))
 
 
+class CountingServicer(pb_grpc.TranslationServiceServicer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def Translate(self, request: pb.TranslateRequest, context: grpc.ServicerContext) -> pb.TranslateResponse:  # noqa: N802 (gRPC's name)
+        self.calls += 1
+        return pb.TranslateResponse()
+
+
+def test_client_spreads_calls_over_every_address_of_its_target() -> None:
+    servers, servicers, ports = [], [], []
+    for _ in range(2):
+        server, servicer = grpc.server(futures.ThreadPoolExecutor(max_workers=2)), CountingServicer()
+        pb_grpc.add_TranslationServiceServicer_to_server(servicer, server)
+        ports.append(server.add_insecure_port("127.0.0.1:0"))
+        server.start()
+        servers.append(server)
+        servicers.append(servicer)
+    try:
+        # One target naming two replicas, as a DNS name of a headless Service resolves to several pods.
+        with TranslationClient(f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}") as client:
+            for _ in range(20):
+                client.translate(["Hund"], timeout=10)
+    finally:
+        for server in servers:
+            server.stop(None)
+    assert sum(servicer.calls for servicer in servicers) == 20
+    assert all(servicer.calls >= 5 for servicer in servicers), [servicer.calls for servicer in servicers]
+
+
 @pytest.mark.parametrize("code", [code for code in grpc.StatusCode if code is not grpc.StatusCode.OK], ids=lambda code: code.name)
 def test_client_retries_the_published_codes_the_published_number_of_times(
     refusing: tuple[str, RefusingServicer], code: grpc.StatusCode
