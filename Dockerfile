@@ -1,30 +1,41 @@
-# nmt-serve images, torch-free: `--target cpu` (python slim + onnxruntime) or `--target gpu`
-# (CUDA runtime + cuDNN + onnxruntime-gpu). Both run as a non-root user and answer the
-# container healthcheck through grpc.health.v1 (nmt-health, part of the image).
+# nmt-serve images, torch-free: `--target cpu` (python slim + onnxruntime, the int8 model dir) or
+# `--target gpu` (CUDA runtime + cuDNN + onnxruntime-gpu, the fp32 model dir): one precision per
+# image. Both run as a non-root user and answer the container healthcheck through grpc.health.v1
+# (nmt-health, part of the image). The CPU image installs the wheels in deploy/wheelhouse/ without an
+# index when scripts/stack.sh has filled it (CPython 3.11, x86_64), else from pip's index.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
-# The sources and the shipped model dirs (the training checkpoint stays out of the images).
+# The sources, and the wheels when a wheelhouse was filled (the training checkpoint stays out of the images).
 FROM scratch AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY model/ model/
 COPY export/ export/
+COPY importers/ importers/
 COPY runtime/ runtime/
 COPY bench/ bench/
 COPY server/ server/
 COPY client/ client/
 COPY protos/ protos/
+COPY deploy/wheelhouse/ /wheelhouse/
+
+# The model dirs, readable by the image's user whatever their modes in the build context.
+FROM ${PYTHON_IMAGE} AS models
 COPY artifacts/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
 COPY artifacts/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+RUN chmod -R a+rX /models
 
 FROM ${PYTHON_IMAGE} AS cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /opt/nmt
 COPY --from=source /src/ ./
-RUN pip install '.[serve-cpu]'
-COPY --from=source /models/ /models/
+# The wheelhouse is mounted for this step only, so that no layer keeps the wheels.
+RUN --mount=type=bind,from=source,source=/wheelhouse,target=/tmp/wheelhouse \
+    if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; fi \
+    && pip install '.[serve-cpu]'
 RUN useradd --system --uid 10001 --no-create-home nmt
+COPY --from=models /models/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
 USER nmt
 ENV NMT_MODEL_DIR=/models/de-en-small/onnx-int8 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
 EXPOSE 50051 9300
@@ -40,10 +51,10 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/nmt
 COPY --from=source /src/ ./
 RUN pip install '.[serve]'
-COPY --from=source /models/ /models/
 RUN useradd --system --uid 10001 --no-create-home nmt
-USER nmt
 # fp32 on the GPU (int8 dynamic quantization is a CPU format).
+COPY --from=models /models/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
+USER nmt
 ENV NMT_MODEL_DIR=/models/de-en-small/onnx-fp32 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
 EXPOSE 50051 9300
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 CMD ["nmt-health", "--target", "127.0.0.1:50051"]

@@ -23,6 +23,7 @@ from nmt_serve.server.access_log import AccessLog
 from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.arrivals import ArrivalClock
 from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
+from nmt_serve.server.drain import stop_accepting
 from nmt_serve.server.metrics import Metrics
 from nmt_serve.server.models import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.request_deadline import RequestDeadline
@@ -130,11 +131,19 @@ class Server:
         await self.drain(server)
 
     async def drain(self, server: grpc.aio.Server) -> None:
-        """Health NOT_SERVING and new calls UNAVAILABLE at once; in-flight calls get the grace period."""
+        """Health NOT_SERVING at once; new calls UNAVAILABLE at once, or with a settle period (--drain-settle-s) no new
+        connections at once and new calls served until it ends; in-flight calls get the grace period."""
         logger.info("draining: %d requests in flight, grace %.0f s", self.scheduler.in_flight, self.settings.grace_s)
         self.serving.clear()
-        self.scheduler.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.settings.drain_settle_s > 0:
+            # Behind a balancer: it moves away on NOT_SERVING or on a refused connection (server/drain.py), and calls it
+            # sent before it did are served, where an UNAVAILABLE would reach a client that does not retry.
+            closed = stop_accepting(self.port)
+            logger.info("port %d refuses new connections (%d listener(s) closed); serving calls on open connections for %.3g s",
+                        self.port, closed, self.settings.drain_settle_s)  # fmt: skip
+            await asyncio.sleep(self.settings.drain_settle_s)
+        self.scheduler.draining = True
         # Keep the port open while admitted requests finish: calls arriving meanwhile get our UNAVAILABLE
         # ("shutting down", retryable) instead of grpcio cancelling them mid-shutdown.
         loop = asyncio.get_running_loop()

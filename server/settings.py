@@ -54,6 +54,9 @@ class ServerSettings:
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
     # Lifecycle and security.
     grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
+    # SIGTERM: after health NOT_SERVING and the port stops accepting connections, calls on open connections are still
+    # served this long before new ones are refused, so that a balancer moves to other replicas first (server/drain.py).
+    drain_settle_s: float = 0.0
     tls_cert: str = ""  # PEM certificate chain; with tls_key, the port speaks TLS only
     tls_key: str = ""
     auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
@@ -83,6 +86,8 @@ class ServerSettings:
             problems.append(f"metrics_port must be between -1 (off) and 65535, got {self.metrics_port}")
         if self.default_deadline_s <= 0 or self.grace_s < 0:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
+        if self.drain_settle_s < 0:
+            problems.append(f"drain_settle_s must be at least 0, got {self.drain_settle_s:g}")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
         if self.access_log not in (0, 1):
@@ -110,6 +115,8 @@ MEANINGS = {
     "threads": "ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines",
     "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
+    "drain_settle_s": "SIGTERM: calls on open connections are still served this long after health NOT_SERVING and the port closing, "
+                      "before new calls are refused; 0 = refuse at once",
     "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
     "access_log": "1 = one INFO line per finished call (method, model, status, seconds, texts; never a text) on the logger "
                   "nmt_serve.access; 0 = none",
