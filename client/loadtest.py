@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from nmt_serve.client.http_caller import HttpCaller, HttpCallError
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -151,7 +152,7 @@ class LoadTest:
                                                 metadata=self.metadata)  # fmt: skip
                 tokens = response.translations[0].hypotheses[0].token_count
             code = "OK"
-        except grpc.aio.AioRpcError as error:
+        except (grpc.aio.AioRpcError, HttpCallError) as error:
             code = error.code().name
         self.outcomes.append(Outcome(code, time.perf_counter() - started, first, tokens, started, model))
 
@@ -197,10 +198,11 @@ class LoadTest:
 
     async def run(self) -> Report:
         args = self.args
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        # --http: the HTTP/JSON API's caller stands in for the stub (client/http_caller.py), the rest of the run is the same.
+        async with HttpCaller(args.target) if args.http else grpc.aio.insecure_channel(args.target) as channel:
             if args.wait_ready:
-                await wait_ready(channel, args.wait_ready)
-            stub = pb_grpc.TranslationServiceStub(channel)
+                await (channel.wait_ready(args.wait_ready) if args.http else wait_ready(channel, args.wait_ready))
+            stub = channel if args.http else pb_grpc.TranslationServiceStub(channel)
             before = scrape_sums(args.metrics_url) if args.metrics_url else {}
             started = time.perf_counter()
             reporter = asyncio.create_task(self.progress(started))
@@ -224,7 +226,7 @@ class LoadTest:
         if args.burst:
             mode = f"burst of {args.burst} calls at once"
         return Report(
-            mode=mode + (", streaming" if args.stream else ""), target=args.target, duration_s=elapsed, requests=len(self.outcomes),
+            mode=mode + (", streaming" if args.stream else "") + (", HTTP/JSON" if args.http else ""), target=args.target, duration_s=elapsed, requests=len(self.outcomes),
             requests_per_s=len(ok) / elapsed, tokens_per_s=sum(outcome.tokens for outcome in ok) / elapsed,
             latency_s=percentiles([outcome.latency_s for outcome in ok]),
             first_token_s=percentiles([outcome.first_token_s for outcome in ok if outcome.first_token_s is not None]),
@@ -271,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="", help="served model(s) to call: NAME; a,b = in turn; a=3,b=1 = three calls "
                         "to a, then one to b (default: the server's default model)")  # fmt: skip
     parser.add_argument("--stream", action="store_true", help="TranslateStream; reports time to first token")
+    parser.add_argument("--http", action="store_true", help="call the HTTP/JSON API (--target is its host:port) instead of gRPC")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--backoff", type=float, default=0.05, help="closed loop: seconds a client waits after an UNAVAILABLE")
     parser.add_argument("--token", default="", help="bearer token")

@@ -25,6 +25,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
         self._on_refused = on_refused
 
+    def accepts(self, authorization: bytes) -> bool:
+        """Whether an authorization value (gRPC metadata or HTTP header) carries the token."""
+        # Constant-time comparison: the token must not leak through response timing.
+        return hmac.compare_digest(authorization, self._expected)
+
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
@@ -32,8 +37,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return await continuation(details)
         given = dict(details.invocation_metadata or ()).get("authorization", "")
         given_bytes = given.encode() if isinstance(given, str) else given
-        # Constant-time comparison: the token must not leak through response timing.
-        if hmac.compare_digest(given_bytes, self._expected):
+        if self.accepts(given_bytes):
             return await continuation(details)
         handler = await continuation(details)
         if handler is None:

@@ -24,6 +24,7 @@ from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.arrivals import ArrivalClock
 from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
 from nmt_serve.server.drain import stop_accepting
+from nmt_serve.server.http_server import HttpServer
 from nmt_serve.server.metrics import Metrics
 from nmt_serve.server.models import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.request_deadline import RequestDeadline
@@ -59,6 +60,7 @@ class Server:
         self.service = TranslationService(self.models, settings, self.metrics)
         self.port = 0
         self.metrics_port = 0
+        self.http: HttpServer | None = None  # the HTTP/JSON API (--http-port), started with the gRPC server
         self._metrics_server: Any = None
         self.serving = threading.Event()  # set once health says SERVING (scripts and tests wait on it)
         self._stop: asyncio.Event | None = None
@@ -108,6 +110,10 @@ class Server:
             logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
+        if self.settings.http_port:
+            self.http = HttpServer(self.service, self.settings, self.metrics, self.serving.is_set)
+            await self.http.start()
+            logger.info("HTTP API on http://%s:%d/ (docs at /openapi.json)", self.settings.http_host, self.http.port)
         if install_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stop.set)
@@ -165,6 +171,8 @@ class Server:
         if cut_off:
             self.metrics.cut_off.inc(cut_off)
             logger.warning("grace period of %.3g s over: %d call(s) still running cut off", self.settings.grace_s, cut_off)
+        if self.http is not None:
+            await self.http.stop()  # its calls were refused with 503 since the scheduler began draining, like gRPC's
         await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
         if self._metrics_server is not None:

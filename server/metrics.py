@@ -8,6 +8,8 @@ model, server/model_metrics.py), so neither imports prometheus_client.
 
 from __future__ import annotations
 
+import contextvars
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.exposition import generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -30,6 +32,10 @@ RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # The model label of calls answered before a served model was known: refused at arrival or for their token,
 # a message that never came, or a model name not served (a name a client sends never becomes a label value).
 UNATTRIBUTED = ""
+# The transport label of nmt_requests and nmt_request_duration_seconds: "grpc" unless the HTTP API set it for its call
+# (a context variable, so the service and the interceptors count a call without being told which transport carried it).
+TRANSPORTS = ("grpc", "http")
+TRANSPORT: contextvars.ContextVar[str] = contextvars.ContextVar("transport", default=TRANSPORTS[0])
 
 
 class Metrics:
@@ -39,9 +45,10 @@ class Metrics:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
         model = ["model"]
-        self.requests = Counter("nmt_requests", "Finished RPCs by method, gRPC status code and model.", ["method", "code", "model"],
+        self.requests = Counter("nmt_requests", "Finished RPCs by method, gRPC status code, model and transport.",
+                                ["method", "code", "model", "transport"],
                                 registry=registry)  # fmt: skip
-        self.request_duration = Histogram("nmt_request_duration_seconds", "RPC time from arrival to answer.", ["method", "model"],
+        self.request_duration = Histogram("nmt_request_duration_seconds", "RPC time from arrival to answer.", ["method", "model", "transport"],
                                           buckets=REQUEST_BUCKETS, registry=registry)  # fmt: skip
         self.queue_wait = Histogram("nmt_queue_wait_seconds", "Time from admission to joining the batch (encoded).", model,
                                     buckets=REQUEST_BUCKETS, registry=registry)  # fmt: skip
@@ -89,8 +96,9 @@ class Metrics:
     def answered(self, method: str, code: str, seconds: float, texts: int | None = None, model: str = UNATTRIBUTED) -> None:
         """Every finished call passes here (the service, the early refusals, the token and deadline checks):
         counted, and written to the access log when the server keeps one."""
-        self.requests.labels(method=method, code=code, model=model).inc()
-        self.request_duration.labels(method=method, model=model).observe(seconds)
+        transport = TRANSPORT.get()
+        self.requests.labels(method=method, code=code, model=model, transport=transport).inc()
+        self.request_duration.labels(method=method, model=model, transport=transport).observe(seconds)
         if self.access_log is not None:
             self.access_log.record(method, code, seconds, texts, model)
 

@@ -28,6 +28,8 @@ class ServerSettings:
     port_file: str = ""  # where the bound port is written once serving (tests, scripts)
     metrics_host: str = "127.0.0.1"  # the Prometheus /metrics endpoint (0.0.0.0 in containers)
     metrics_port: int = 9300  # 0 = any free port (logged); -1 = no endpoint
+    http_host: str = "127.0.0.1"  # the HTTP/JSON API and its page (0.0.0.0 in containers)
+    http_port: int = 8000  # 0 = no HTTP API
     # Request limits (reported by GetModelInfo).
     max_texts: int = 64
     max_chars_per_text: int = 2000
@@ -84,6 +86,8 @@ class ServerSettings:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port must be between -1 (off) and 65535, got {self.metrics_port}")
+        if not 0 <= self.http_port <= 65535:
+            problems.append(f"http_port must be between 0 (off) and 65535, got {self.http_port}")
         if self.default_deadline_s <= 0 or self.grace_s < 0:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
         if self.drain_settle_s < 0:
@@ -104,6 +108,7 @@ class ServerSettings:
 MEANINGS = {
     "port": "0 = any free port (logged, and written to --port-file)",
     "metrics_port": "0 = any free port (logged); -1 = no endpoint",
+    "http_port": "the HTTP/JSON API (docs/http.md) and its page at /; 0 = off",
     "model_repo": "a directory whose subdirectories holding a manifest.json are each one served model, in name order",
     "default_model": "the model name requests with an empty model field get; empty = the first model served",
     "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",

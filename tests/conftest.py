@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -15,6 +16,9 @@ LEXICON = {
     "einen": "a", "hund": "dog", "bahnhof": "station", "kaffee": "coffee", "zug": "train", "großen": "big",
     "schönen": "beautiful", "heute": "today", "morgen": "tomorrow", "nicht": "not", "gern": "gladly",
 }
+
+# Servers the tests start as processes keep off the HTTP API's default port (8000): several run at once.
+os.environ.setdefault("NMT_HTTP_PORT", "0")
 
 
 def synthetic_pairs(count: int, seed: int) -> list[tuple[str, str]]:

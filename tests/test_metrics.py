@@ -113,10 +113,10 @@ def test_metrics_count_unauthenticated_calls(tiny_model_dir: Path) -> None:
             with pytest.raises(grpc.RpcError, match="bearer token"):
                 list(stub.TranslateStream(pb.TranslateStreamRequest(text="Hund"), timeout=10))
         # Refused before the message (and its model field) was read: counted under no model.
-        keys = [("nmt_requests_total", (("code", "UNAUTHENTICATED"), ("method", method), ("model", ""))) for method in ("Translate", "TranslateStream")]
+        keys = [("nmt_requests_total", (("code", "UNAUTHENTICATED"), ("method", method), ("model", ""), ("transport", "grpc"))) for method in ("Translate", "TranslateStream")]
         samples = scrape_until(server.server.metrics_port, lambda found: all(key in found for key in keys))
     assert [samples.get(key) for key in keys] == [1, 1]
-    assert samples[("nmt_request_duration_seconds_count", (("method", "Translate"), ("model", "")))] == 1
+    assert samples[("nmt_request_duration_seconds_count", (("method", "Translate"), ("model", ""), ("transport", "grpc")))] == 1
 
 
 def test_latency_buckets_include_the_documented_slo() -> None:

@@ -1,0 +1,68 @@
+"""The HTTP server beside gRPC, on the same event loop: the /v1 API, probes, the OpenAPI document and the page at /."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from nmt_serve.server.http_api import HttpApi
+from nmt_serve.server.http_schema import openapi_document
+from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.service import TranslationService
+from nmt_serve.server.settings import ServerSettings
+
+logger = logging.getLogger("nmt-serve")
+
+STATIC = Path(__file__).with_name("static")  # package data: the page, plain HTML and JS
+API_VERSION = "v1"
+
+
+class HttpServer:
+    """`ready()` says whether the server takes translations (warm, not draining): /readyz answers 200 only then."""
+
+    def __init__(self, service: TranslationService, settings: ServerSettings, metrics: Metrics, ready: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.ready = ready
+        self.port = 0
+        # The body limit is the gRPC message limit, for bodies of unknown length too (server/http_api.py checks declared ones).
+        app = web.Application(client_max_size=settings.max_message_bytes)
+        HttpApi(service, settings, metrics).add_routes(app)
+        app.router.add_get("/healthz", self.live)
+        app.router.add_get("/readyz", self.readiness)
+        self._openapi = openapi_document(API_VERSION)
+        app.router.add_get("/openapi.json", self.openapi)
+        app.router.add_get("/", self.page)
+        app.router.add_static("/static/", STATIC)
+        # A client that goes away cancels its handler, and with it the call's engine rows (not only at the next write).
+        # The grace period bounds how long a stop waits for handlers still running. No lingering: a body left unread
+        # (one refused for its size) is not read and thrown away, its connection is closed once the answer is out.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.grace_s, lingering_time=0)
+
+    async def start(self) -> int:
+        """Listens on --http-host:--http-port; returns the bound port."""
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port, reuse_port=False)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self.port
+
+    async def stop(self) -> None:
+        """Stops listening, lets running handlers finish (at most the grace period), then closes every connection."""
+        await self._runner.cleanup()
+
+    async def live(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
+
+    async def readiness(self, _: web.Request) -> web.Response:
+        if self.ready():
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready"}, status=503, headers={"Retry-After": "1"})
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
+
+    async def page(self, _: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")

@@ -1,0 +1,272 @@
+"""The HTTP/JSON API against a real server on loopback: every endpoint, the status table row by row, SSE, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
+from nmt_serve.server.http_schema import openapi_document
+from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, http_status
+from tests.serving import RunningServer, scrape_until, server_settings, total
+
+GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
+LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a request in the batch for 90 steps
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def http_settings(model_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    return server_settings(model_dir, http_port=free_port(), **overrides)
+
+
+@pytest.fixture(scope="module")
+def running(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with RunningServer(http_settings(tiny_model_dir)) as server:
+        yield server
+
+
+def call(server: RunningServer, method: str, path: str, body: object = None, headers: dict[str, str] | None = None,
+         ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    connection = http.client.HTTPConnection("127.0.0.1", server.server.http.port, timeout=30)
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    result = response.status, dict(response.getheaders()), response.read()
+    connection.close()
+    return result
+
+
+def error_of(server: RunningServer, path: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, dict, dict[str, str]]:
+    status, response_headers, data = call(server, "POST", path, body, headers)
+    return status, json.loads(data)["error"], response_headers
+
+
+def events(data: bytes) -> list[tuple[str, dict]]:
+    """(event name, JSON data) of each server-sent event."""
+    found = []
+    for block in data.decode().split("\n\n"):
+        if block.strip():
+            lines = dict(line.split(": ", 1) for line in block.splitlines())
+            found.append((lines.get("event", ""), json.loads(lines["data"])))
+    return found
+
+
+# ---------------------------------------------------------------- endpoints
+
+
+@pytest.mark.parametrize(("beam", "nbest"), [(1, 1), (3, 2)])
+def test_http_translate_equals_grpc(running: RunningServer, beam: int, nbest: int) -> None:
+    channel, stub = running.stub()
+    with channel:
+        expected = stub.Translate(pb.TranslateRequest(texts=GERMAN, options=pb.DecodingOptions(beam_size=beam, num_hypotheses=nbest)), timeout=30)
+    status, headers, data = call(running, "POST", "/v1/translate", {"texts": GERMAN, "options": {"beam_size": beam, "num_hypotheses": nbest}})
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(data) == to_json(expected)
+    assert json_format.ParseDict(json.loads(data), pb.TranslateResponse()) == expected
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_http_stream_events_end_with_the_grpc_nbest(running: RunningServer, beam: int) -> None:
+    channel, stub = running.stub()
+    with channel:
+        expected = list(stub.TranslateStream(pb.TranslateStreamRequest(text=GERMAN[0], options=pb.DecodingOptions(beam_size=beam)), timeout=30))
+    status, headers, data = call(running, "POST", "/v1/translate/stream", {"text": GERMAN[0], "options": {"beam_size": beam}})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    got = events(data)
+    assert [name for name, _ in got] == [""] * len(got) and got[-1][1]["final"]
+    assert [json_format.ParseDict(body, pb.TranslateStreamResponse()) for _, body in got] == expected
+    assert "".join(body["text_delta"] for _, body in got) == got[-1][1]["hypotheses"][0]["text"]
+
+
+def test_http_models_and_model_info(running: RunningServer) -> None:
+    name = running.server.models.default.name
+    status, _, data = call(running, "GET", "/v1/models")
+    listed = json.loads(data)
+    assert status == 200 and listed["default_model"] == name and [model["name"] for model in listed["models"]] == [name]
+    status, _, data = call(running, "GET", f"/v1/models/{name}")
+    assert status == 200 and json.loads(data) == listed["models"][0]
+    assert json.loads(data)["limits"]["max_beam_size"] == 4
+
+
+def test_http_probes_live_and_ready(running: RunningServer) -> None:
+    assert call(running, "GET", "/healthz")[0] == 200
+    assert call(running, "GET", "/readyz")[0] == 200
+
+
+def test_http_page_and_its_script_are_served(running: RunningServer) -> None:
+    status, headers, data = call(running, "GET", "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"/v1/translate/stream" in call(running, "GET", "/static/page.js")[2]
+    assert b'src="/static/page.js"' in data and b"http" not in data.replace(b"http-equiv", b"")  # no CDN
+
+
+def test_http_openapi_document_is_valid_and_generated_from_the_proto(running: RunningServer) -> None:
+    from openapi_spec_validator import validate
+
+    status, _, data = call(running, "GET", "/openapi.json")
+    document = json.loads(data)
+    assert status == 200 and document == json.loads(json.dumps(openapi_document("v1")))
+    validate(document)
+    schemas = document["components"]["schemas"]
+    assert set(schemas["TranslateRequest"]["properties"]) == {field.name for field in pb.TranslateRequest.DESCRIPTOR.fields}
+    assert set(schemas["DecodingOptions"]["properties"]) == {field.name for field in pb.DecodingOptions.DESCRIPTOR.fields}
+    assert set(document["paths"]["/v1/translate"]["post"]["responses"]) == {str(status) for status in {*HTTP_STATUS.values(), OTHER_STATUS}}
+
+
+# ---------------------------------------------------------------- the status table, row by row
+
+
+def test_http_status_table_maps_each_code_once() -> None:
+    assert http_status("OK") == 200 and http_status("CANCELLED") == 499 and http_status(PAYLOAD_TOO_LARGE) == 413
+    for code in ("INTERNAL", "UNKNOWN", "UNIMPLEMENTED", "FAILED_PRECONDITION"):
+        assert http_status(code) == OTHER_STATUS == 500
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"texts": GERMAN, "options": {"beam_size": 9}}, "options.beam_size must be between 1 and 4 (max_beam_size), got 9"),
+    ({"texts": []}, "texts must hold between 1 and 16 texts, got 0"),
+    ({"texts": ["x" * 401]}, "texts[0] has 401 characters; the limit is 400 (max_chars_per_text)"),
+    ({"texts": GERMAN, "beam": 2}, "request is not a valid TranslateRequest"),
+    (b"{not json", "request is not a valid TranslateRequest"),
+])  # fmt: skip
+def test_http_invalid_argument_is_400_naming_the_field(running: RunningServer, body: object, named: str) -> None:
+    status, error, _ = error_of(running, "/v1/translate", body)
+    assert (status, error["code"]) == (400, "INVALID_ARGUMENT") and named in error["message"]
+
+
+def test_http_bad_timeout_header_is_400(running: RunningServer) -> None:
+    status, error, _ = error_of(running, "/v1/translate", {"texts": GERMAN}, {TIMEOUT_HEADER: "soon"})
+    assert status == 400 and TIMEOUT_HEADER in error["message"]
+
+
+def test_http_unknown_model_is_404(running: RunningServer) -> None:
+    status, error, _ = error_of(running, "/v1/translate", {"texts": GERMAN, "model": "no-such-model"})
+    assert (status, error["code"]) == (404, "NOT_FOUND") and "no-such-model" in error["message"]
+    assert call(running, "GET", "/v1/models/no-such-model")[0] == 404
+
+
+def test_http_expired_deadline_is_504(running: RunningServer) -> None:
+    status, error, _ = error_of(running, "/v1/translate", {"texts": GERMAN * 8, "options": LONG}, {TIMEOUT_HEADER: "0.001"})
+    assert (status, error["code"]) == (504, "DEADLINE_EXCEEDED")
+
+
+def test_http_declared_oversized_body_is_413_before_it_is_read(running: RunningServer) -> None:
+    """A declared 1 GB body: the answer comes after a few bytes of it, and the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{\"texts\"")
+        answer = b""
+        while chunk := sock.recv(65536):  # returns b"" once the server closed: it is not waiting for the rest
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == PAYLOAD_TOO_LARGE
+    assert b"1000000000 bytes; the limit is 262144 bytes (max_message_bytes)" in body
+
+
+def test_http_chunked_oversized_body_is_413(running: RunningServer) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"texts": ["'
+        for _ in range(40):
+            yield b"a" * 8192
+
+    connection = http.client.HTTPConnection("127.0.0.1", running.server.http.port, timeout=30)
+    connection.request("POST", "/v1/translate", body=chunks(), encode_chunked=True, headers={"Transfer-Encoding": "chunked"})
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"]["code"] == PAYLOAD_TOO_LARGE
+    connection.close()
+
+
+def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:
+    with RunningServer(http_settings(tiny_model_dir, auth_token="s3cret")) as server:
+        for path, body in (("/v1/translate", {"texts": GERMAN}), ("/v1/translate/stream", {"text": GERMAN[0]})):
+            status, error, _ = error_of(server, path, body, {"Authorization": "Bearer wrong"})
+            assert (status, error["code"]) == (401, "UNAUTHENTICATED")
+        assert call(server, "GET", "/v1/models")[0] == 401
+        assert call(server, "GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
+        assert call(server, "POST", "/v1/translate", {"texts": GERMAN}, {"Authorization": "Bearer s3cret"})[0] == 200
+        assert call(server, "GET", "/readyz")[0] == 200  # probes stay open, as gRPC health does
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_requests_total", code="UNAUTHENTICATED") >= 3)
+        assert total(samples, "nmt_requests_total", code="UNAUTHENTICATED", transport="http") == 3
+
+
+def test_http_full_queue_is_429_with_retry_after(tiny_model_dir: Path) -> None:
+    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=2)) as server:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: call(server, "POST", "/v1/translate", {"texts": GERMAN[:1], "options": LONG}), range(8)))
+    refused = [(json.loads(data)["error"], headers) for status, headers, data in answers if status == 429]
+    assert refused, answers
+    assert all(error["code"] == "RESOURCE_EXHAUSTED" and headers["Retry-After"] == "1" for error, headers in refused)
+
+
+def test_http_warming_up_is_503_and_not_ready(tiny_model_dir: Path) -> None:
+    with RunningServer(http_settings(tiny_model_dir), hold_warm_up=True) as server:
+        while server.server.http is None or not server.server.http.port:
+            time.sleep(0.01)
+        assert call(server, "GET", "/healthz")[0] == 200 and call(server, "GET", "/readyz")[0] == 503
+        status, error, headers = error_of(server, "/v1/translate", {"texts": GERMAN})
+        assert (status, error["code"], headers["Retry-After"]) == (503, "UNAVAILABLE", "1")
+        assert call(server, "GET", "/v1/models")[0] == 200  # answers during warm-up, as ListModels does
+        server.release_warm_up()
+
+
+def test_http_draining_is_503(tiny_model_dir: Path) -> None:
+    with RunningServer(http_settings(tiny_model_dir, grace_s=10.0)) as server:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(call, server, "POST", "/v1/translate", {"texts": GERMAN[:1], "options": LONG})
+            while not server.server.scheduler.in_flight:
+                time.sleep(0.005)
+            server.server.request_stop()  # the drain waits for the call in flight, refusing new ones meanwhile
+            while not server.server.scheduler.draining:
+                time.sleep(0.005)
+            status, error, _ = error_of(server, "/v1/translate", {"texts": GERMAN[:1]})
+            assert (status, error["code"]) == (503, "UNAVAILABLE") and call(server, "GET", "/readyz")[0] == 503
+            assert held.result()[0] == 200  # the call in flight finished within the drain
+
+
+# ---------------------------------------------------------------- cancellation and metrics
+
+
+def test_http_cancelled_stream_frees_its_engine_rows(running: RunningServer) -> None:
+    """Mirrors test_service_cancelled_stream_leaves_the_batch: the client closes the connection after the first event."""
+    scheduler = running.server.scheduler
+    with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
+        body = json.dumps({"text": GERMAN[0], "options": LONG}).encode()
+        sock.sendall(b"POST /v1/translate/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))  # fmt: skip
+        assert b"data: " in sock.recv(65536)  # decoding has started
+        assert scheduler.running == 1
+    deadline = time.monotonic() + 5
+    while (scheduler.running or scheduler.queue_depth) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler.running == 0 and scheduler.queue_depth == 0
+    samples = scrape_until(running.server.metrics_port, lambda found: total(found, "nmt_requests_total", code="CANCELLED", transport="http") > 0)
+    assert total(samples, "nmt_requests_total", method="TranslateStream", code="CANCELLED", transport="http") == 1
+
+
+def test_http_metrics_carry_the_transport_label(running: RunningServer) -> None:
+    def counts(found: dict) -> tuple[float, float]:
+        return (total(found, "nmt_requests_total", method="ListModels", code="OK", transport="http"),
+                total(found, "nmt_requests_total", method="ListModels", code="OK", transport="grpc"))  # fmt: skip
+
+    before = counts(scrape_until(running.server.metrics_port, lambda _: True))
+    call(running, "GET", "/v1/models")
+    channel, stub = running.stub()
+    with channel:
+        stub.ListModels(pb.ListModelsRequest(), timeout=10)
+    samples = scrape_until(running.server.metrics_port, lambda found: counts(found) == (before[0] + 1, before[1] + 1))
+    assert counts(samples) == (before[0] + 1, before[1] + 1)
+    assert total(samples, "nmt_request_duration_seconds_count", method="ListModels", transport="http") >= 1
+    assert grpc.StatusCode.OK.name in HTTP_STATUS
