@@ -176,17 +176,17 @@ def test_http_declared_oversized_body_is_413_before_it_is_read(running: RunningS
     assert b"1000000000 bytes; the limit is 262144 bytes (max_message_bytes)" in body
 
 
-def test_http_chunked_oversized_body_is_413(running: RunningServer) -> None:
-    def chunks() -> Iterator[bytes]:
-        yield b'{"texts": ["'
-        for _ in range(40):
-            yield b"a" * 8192
-
-    connection = http.client.HTTPConnection("127.0.0.1", running.server.http.port, timeout=30)
-    connection.request("POST", "/v1/translate", body=chunks(), encode_chunked=True, headers={"Transfer-Encoding": "chunked"})
-    response = connection.getresponse()
-    assert response.status == 413 and json.loads(response.read())["error"]["code"] == PAYLOAD_TOO_LARGE
-    connection.close()
+def test_http_chunked_oversized_body_is_413_once_the_limit_has_arrived(running: RunningServer) -> None:
+    """No declared length: the answer comes once the limit (262144 bytes) has arrived, the rest never sent."""
+    with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(33):  # 33 x 8 KiB > 256 KiB
+            sock.sendall(b"2000\r\n" + b"a" * 8192 + b"\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == PAYLOAD_TOO_LARGE
 
 
 def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:

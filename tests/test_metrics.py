@@ -49,11 +49,11 @@ def test_metrics_count_what_the_client_saw(metered: RunningServer) -> None:
         """Every call here named the served model (by leaving the field empty), so each sample carries its name."""
         return samples.get((name, tuple(sorted({"model": manifest.model_name, **labels}.items()))), 0.0)
 
-    assert value("nmt_requests_total", method="Translate", code="OK") == 3
-    assert value("nmt_requests_total", method="Translate", code="INVALID_ARGUMENT") == 2
-    assert value("nmt_requests_total", method="TranslateStream", code="OK") == 1
-    assert value("nmt_requests_total", method="GetModelInfo", code="OK") == 1
-    assert value("nmt_request_duration_seconds_count", method="Translate") == 5
+    assert value("nmt_requests_total", transport="grpc", method="Translate", code="OK") == 3
+    assert value("nmt_requests_total", transport="grpc", method="Translate", code="INVALID_ARGUMENT") == 2
+    assert value("nmt_requests_total", transport="grpc", method="TranslateStream", code="OK") == 1
+    assert value("nmt_requests_total", transport="grpc", method="GetModelInfo", code="OK") == 1
+    assert value("nmt_request_duration_seconds_count", transport="grpc", method="Translate") == 5
     # Seven texts reached the engine: 3 x 2 unary + 1 streamed.
     assert value("nmt_input_tokens_count") == value("nmt_output_tokens_count") == value("nmt_queue_wait_seconds_count") == 7
     assert value("nmt_time_to_first_token_seconds_count") == 7
