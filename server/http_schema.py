@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, RETRY_AFTER_S
+from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, RETRY_AFTER_S
 
 # proto3 JSON: 64-bit integers travel as strings, the others as JSON numbers.
 SCALARS = {
@@ -59,10 +59,9 @@ def enum_schema(enum: EnumDescriptor, schemas: dict[str, Any]) -> None:
 
 
 def error_schema() -> dict[str, Any]:
-    codes = sorted(HTTP_STATUS, key=HTTP_STATUS.__getitem__)
     return {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["code", "message"],
-        "properties": {"code": {"type": "string", "description": "a gRPC status code's name, or " + ", ".join(codes[-1:]),
+        "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE}",
                                 "example": "INVALID_ARGUMENT"},
                        "message": {"type": "string", "description": "what was wrong, naming the field and its limit"}}}}}  # fmt: skip
 

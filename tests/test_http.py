@@ -14,6 +14,8 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from nmt_serve.client.loadtest import SAMPLE_TEXTS
+from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
@@ -270,3 +272,13 @@ def test_http_metrics_carry_the_transport_label(running: RunningServer) -> None:
     assert counts(samples) == (before[0] + 1, before[1] + 1)
     assert total(samples, "nmt_request_duration_seconds_count", method="ListModels", transport="http") >= 1
     assert grpc.StatusCode.OK.name in HTTP_STATUS
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_http_loadtest_reports_over_http(running: RunningServer, tmp_path: Path, stream: bool) -> None:
+    out = tmp_path / "report.json"
+    code = loadtest_main(["--http", "--target", f"127.0.0.1:{running.server.http.port}", "--concurrency", "3", "--requests", "12",
+                          "--texts", str(SAMPLE_TEXTS), "--wait-ready", "10", "--json", str(out), *(["--stream"] if stream else [])])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert code == 0 and report["codes"] == {"OK": 12} and "HTTP/JSON" in report["mode"]
+    assert (report["first_token_s"] != {}) is stream
