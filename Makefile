@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus corpus-packages protos
+.PHONY: install test serve corpus corpus-packages protos stack stack-down stack-test
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
@@ -31,3 +31,15 @@ corpus-packages:
 # Regenerate the committed gRPC code after editing a .proto (tests fail while it is stale).
 protos:
 	$(PYTHON) -m nmt_serve.protos.generate
+
+# The compose stack on podman + docker-compose 1.29 (root, Debian): the CPU image built from this
+# Dockerfile, two replicas, nginx and Prometheus on 127.0.0.1 (scripts/stack.sh installs what is missing).
+stack:
+	scripts/stack.sh up
+
+stack-down:
+	scripts/stack.sh down
+
+# Load, rolling restarts and a scale-up through the stack, then `down` (tests/test_stack.py).
+stack-test:
+	$(PYTHON) -m pytest -m container tests/test_stack.py

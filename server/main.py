@@ -145,7 +145,7 @@ class Server:
         if self.settings.drain_settle_s > 0:
             # Behind a balancer: it moves away on NOT_SERVING or on a refused connection (server/drain.py), and calls it
             # sent before it did are served, where an UNAVAILABLE would reach a client that does not retry.
-            closed = stop_accepting(self.port)
+            closed = await stop_accepting(self.port)
             logger.info("port %d refuses new connections (%d listener(s) closed); serving calls on open connections for %.3g s",
                         self.port, closed, self.settings.drain_settle_s)  # fmt: skip
             await asyncio.sleep(self.settings.drain_settle_s)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -60,6 +61,7 @@ class Load:
 
     def __init__(self, target: str, clients: int = 6) -> None:
         self.codes: Counter[str] = Counter()
+        self.failures: list[tuple[float, str]] = []  # (time.time(), "CODE: details") of each failed call
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # One channel per client, as separate client processes would have; no retry policy.
@@ -77,6 +79,8 @@ class Load:
                     code = "OK"
                 except grpc.RpcError as error:
                     code = error.code().name
+                    with self._lock:
+                        self.failures.append((time.time(), f"{code}: {error.details()}"))
                 with self._lock:
                     self.codes[code] += 1
 
@@ -125,7 +129,7 @@ def test_rolling_restart_replica_stopped_under_load_fails_no_call_of_a_client_wi
         assert wait_for(lambda: (survivor.translated() or 0) > served_after + 20, 30), "the survivor stopped serving"
     finally:
         codes = load.stop()
-    assert set(codes) == {"OK"}, (codes, stack["log"].read_text())
+    assert set(codes) == {"OK"}, (codes, load.failures[:5], stack["log"].read_text())
     assert "refuses new connections" in victim.log.read_text()
 
 
