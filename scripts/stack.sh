@@ -103,13 +103,10 @@ stand_in() {
 }
 
 # The wheels the CPU image installs, for CPython 3.11 on manylinux x86_64: builds need no index, and install the
-# same versions every time until the wheelhouse is emptied.
+# same versions every time until the wheelhouse is emptied. Downloaded again when pyproject.toml's requirements change.
 fill_wheelhouse() {
-    ls "$WHEELHOUSE"/grpcio-*.whl >/dev/null 2>&1 && return
     local venv requirements
-    venv=$(mktemp -d)
-    python3 -m venv "$venv"
-    requirements=$("$venv/bin/python" - <<'EOF'
+    requirements=$(python3 - <<'EOF'
 import re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras, wanted, seen = project["optional-dependencies"], list(project["dependencies"]), set()
@@ -125,11 +122,15 @@ while todo:
 print("\n".join(sorted(set(wanted)) + ["setuptools>=70.1"]))
 EOF
 )
+    [ "$requirements" = "$(cat "$WHEELHOUSE/requirements.txt" 2>/dev/null)" ] && return
+    venv=$(mktemp -d)
+    python3 -m venv "$venv"
     log "downloading wheels into $WHEELHOUSE"
     # shellcheck disable=SC2086
     "$venv/bin/pip" download -q --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
         -d "$WHEELHOUSE" $requirements
+    echo "$requirements" >"$WHEELHOUSE/requirements.txt"
     rm -rf "$venv"
 }
 
