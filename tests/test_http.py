@@ -20,6 +20,7 @@ from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, http_status
+from nmt_serve.server.settings import parse_settings
 from tests.serving import RunningServer, scrape_until, server_settings, total
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
@@ -127,6 +128,13 @@ def test_http_openapi_document_is_valid_and_generated_from_the_proto(running: Ru
     assert set(schemas["TranslateRequest"]["properties"]) == {field.name for field in pb.TranslateRequest.DESCRIPTOR.fields}
     assert set(schemas["DecodingOptions"]["properties"]) == {field.name for field in pb.DecodingOptions.DESCRIPTOR.fields}
     assert set(document["paths"]["/v1/translate"]["post"]["responses"]) == {str(status) for status in {*HTTP_STATUS.values(), OTHER_STATUS}}
+
+
+def test_http_port_flag_defaults_to_8000_and_names_its_range() -> None:
+    assert parse_settings([], environ={}).http_port == 8000
+    assert parse_settings(["--http-port", "0"], environ={}).http_port == 0  # off
+    with pytest.raises(ValueError, match=r"http_port must be between 0 \(off\) and 65535, got 70000"):
+        parse_settings(["--http-port", "70000"], environ={})
 
 
 # ---------------------------------------------------------------- the status table, row by row
