@@ -18,6 +18,10 @@ logger = logging.getLogger("nmt-serve")
 
 STATIC = Path(__file__).with_name("static")  # package data: the page, plain HTML and JS
 API_VERSION = "v1"
+# How long a stop waits for handlers still running before cancelling them: the drain stops the HTTP server only once
+# the scheduler's calls have finished or the grace period is over, so what is left is answers being written, or calls
+# to cut off without adding to the grace period.
+STOP_WAIT_S = 1.0
 
 
 class HttpServer:
@@ -37,9 +41,10 @@ class HttpServer:
         app.router.add_get("/", self.page)
         app.router.add_static("/static/", STATIC)
         # A client that goes away cancels its handler, and with it the call's engine rows (not only at the next write).
-        # The grace period bounds how long a stop waits for handlers still running. No lingering: a body left unread
-        # (one refused for its size) is not read and thrown away, its connection is closed once the answer is out.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.grace_s, lingering_time=0)
+        # No lingering: a body left unread (one refused for its size) is not read and thrown away, its connection is
+        # closed once the answer is out.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, lingering_time=0,
+                                     shutdown_timeout=min(settings.grace_s, STOP_WAIT_S))  # fmt: skip
 
     async def start(self) -> int:
         """Listens on --http-host:--http-port; returns the bound port."""
@@ -50,7 +55,7 @@ class HttpServer:
         return self.port
 
     async def stop(self) -> None:
-        """Stops listening, lets running handlers finish (at most the grace period), then closes every connection."""
+        """Stops listening, lets running handlers finish (at most STOP_WAIT_S), then closes every connection."""
         await self._runner.cleanup()
 
     async def live(self, _: web.Request) -> web.Response:

@@ -244,6 +244,11 @@ def test_http_draining_is_503(tiny_model_dir: Path) -> None:
             status, error, _ = error_of(server, "/v1/translate", {"texts": GERMAN[:1]})
             assert (status, error["code"]) == (503, "UNAVAILABLE") and call(server, "GET", "/readyz")[0] == 503
             assert held.result()[0] == 200  # the call in flight finished within the drain
+        port = server.server.http.port
+        while server.is_running():
+            time.sleep(0.01)
+        with pytest.raises(ConnectionRefusedError):  # the drain closed the HTTP port with the gRPC one
+            socket.create_connection(("127.0.0.1", port), timeout=5)
 
 
 # ---------------------------------------------------------------- cancellation and metrics
@@ -256,7 +261,11 @@ def test_http_cancelled_stream_frees_its_engine_rows(running: RunningServer) -> 
         body = json.dumps({"text": GERMAN[0], "options": LONG}).encode()
         sock.sendall(b"POST /v1/translate/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
-        assert b"data: " in sock.recv(65536)  # decoding has started
+        received = b""
+        while b"data: " not in received:  # decoding has started (the headers may come in a packet of their own)
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
         assert scheduler.running == 1
     deadline = time.monotonic() + 5
     while (scheduler.running or scheduler.queue_depth) and time.monotonic() < deadline:
