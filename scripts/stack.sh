@@ -4,7 +4,8 @@
 #   scripts/stack.sh down    docker-compose down, then end the podman service and healthcheck loop this script started
 #   scripts/stack.sh images  only the set-up: packages, containers.conf, base images, wheelhouse
 # Idempotent: each step is skipped when its result exists. Run as root on Debian bookworm.
-# Settings: NMT_STACK_DIR (state: socket, PIDs, logs; default /run/nmt-stack), NMT_STACK_REBUILD=1 rebuilds the CPU image.
+# Settings: NMT_STACK_DIR (state: socket, PIDs, logs; default /run/nmt-stack), NMT_STACK_REBUILD=1 builds the CPU image
+# without the layer cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -180,11 +181,12 @@ stop_pid() {
 
 up() {
     images
-    if [ "${NMT_STACK_REBUILD:-0}" = 1 ] || ! have_image localhost/nmt-serve:cpu; then
-        log "building nmt-serve:cpu"
-        podman build --format docker --target cpu -t localhost/nmt-serve:cpu . >"$STATE/build.log" 2>&1 ||
-            { tail -30 "$STATE/build.log"; exit 1; }
-    fi
+    # Built every time, so that the stack runs this checkout; the layer cache makes an unchanged build quick.
+    local cache=()
+    [ "${NMT_STACK_REBUILD:-0}" = 1 ] && cache=(--no-cache)
+    log "building nmt-serve:cpu"
+    podman build "${cache[@]}" --format docker --target cpu -t localhost/nmt-serve:cpu . >"$STATE/build.log" 2>&1 ||
+        { tail -30 "$STATE/build.log"; exit 1; }
     start_service
     start_healthchecks
     "${COMPOSE[@]}" up -d --no-build "${SERVICES[@]}"
