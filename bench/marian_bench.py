@@ -32,8 +32,11 @@ from nmt_serve.bench.report import write_report  # noqa: E402
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, add_cell_arguments, cells_from  # noqa: E402
 from nmt_serve.model.corpus import write_tsv  # noqa: E402
 from nmt_serve.model.tokenizer import Tokenizer  # noqa: E402
+from nmt_serve.runtime.manifest import load_model_dir  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+PARITY_SENTENCES = 16  # each export's PyTorch/ONNX parity check (greedy and beam 4)
 
 
 class TransformersSystem:
@@ -81,7 +84,7 @@ def timed_import(source_dir: Path, out: Path, parity_limit: int, test: Path) -> 
 def timed_export(checkpoint: Path, precision: str, test: Path) -> float:
     started = time.perf_counter()
     command = [sys.executable, "-m", "nmt_serve.export.onnx_export", str(checkpoint), "--out", str(checkpoint / f"onnx-{precision}"),
-               "--precision", precision, "--parity-test", str(test), "--parity-limit", "8"]  # fmt: skip
+               "--precision", precision, "--parity-test", str(test), "--parity-limit", str(PARITY_SENTENCES)]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -99,6 +102,17 @@ def build_systems(source_dir: Path, checkpoint: Path, work: Path, threads: int) 
         systems.append(SourceEosSystem(CTranslate2System(ct2_dir, tokens, threads, label), eos))
     systems += [EngineSystem(checkpoint / f"onnx-{label}", threads, label) for label in ("fp32", "int8")]
     return systems
+
+
+def format_agreement(checkpoint: Path) -> str:
+    """Each exported dir's parity report: outputs identical to the imported PyTorch model, as for the shipped model."""
+    lines = ["| model dir | greedy identical | beam 4 identical | max abs log-prob diff (tensors) |", "|---|---|---|---|"]
+    for precision in ("fp32", "int8"):
+        parity = load_model_dir(checkpoint / f"onnx-{precision}", verify_hashes=False).parity
+        search = parity["search"]
+        lines.append(f"| onnx-{precision} | {search['greedy']['identical_tokens']}/{search['greedy']['sentences']} | "
+                     f"{search['beam4']['identical_tokens']}/{search['beam4']['sentences']} | {parity['tensors']['max_abs_log_prob_diff']:.2e} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             format_table(f"opus-mt-de-en shape (random weights), output length {args.length}, {args.threads} threads", systems, cells, results),
             "| step | wall seconds | peak RSS |\n|---|---|---|\n"
             f"| nmt-import marian (checkpoint, tokenizers, parity with transformers on {args.parity_limit} sentences) | {import_seconds:.1f} | "
-            f"{import_rss:.2f} GB |\n" + "".join(f"| nmt-export --precision {p} (with parity on 8 sentences) | {s:.1f} | |\n"
+            f"{import_rss:.2f} GB |\n" + "".join(f"| nmt-export --precision {p} (with parity on {PARITY_SENTENCES} sentences) | {s:.1f} | |\n"
                                                 for p, s in export_seconds.items()),
+            format_agreement(checkpoint),
         ]  # fmt: skip
     write_report("OPUS-MT-shaped model: nmt-import + our engine against CTranslate2 and transformers", "nmt-marian-bench", argv, sections, args.out)
     return 0
