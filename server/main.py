@@ -85,6 +85,10 @@ class Server:
         if settings.auth_token:
             interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
+        if settings.max_connection_age_s > 0:
+            # The grace lets every call on the old connection run to the longest deadline any call can have.
+            options += [("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+                        ("grpc.max_connection_age_grace_ms", int(settings.max_deadline_s * 1000))]  # fmt: skip
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers([self.service.handler()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

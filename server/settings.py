@@ -59,6 +59,9 @@ class ServerSettings:
     # SIGTERM: after health NOT_SERVING and the port stops accepting connections, calls on open connections are still
     # served this long before new ones are refused, so that a balancer moves to other replicas first (server/drain.py).
     drain_settle_s: float = 0.0
+    # A connection older than this gets GOAWAY (gRPC's max connection age, +-10% jitter) and the client reconnects,
+    # re-resolving the server's name: long-lived clients then reach replicas added since. 0 = connections live on.
+    max_connection_age_s: float = 0.0
     tls_cert: str = ""  # PEM certificate chain; with tls_key, the port speaks TLS only
     tls_key: str = ""
     auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
@@ -92,6 +95,8 @@ class ServerSettings:
             problems.append("default_deadline_s must be > 0 and grace_s >= 0")
         if self.drain_settle_s < 0:
             problems.append(f"drain_settle_s must be at least 0, got {self.drain_settle_s:g}")
+        if self.max_connection_age_s < 0:
+            problems.append(f"max_connection_age_s must be at least 0, got {self.max_connection_age_s:g}")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
         if self.access_log not in (0, 1):
@@ -122,6 +127,8 @@ MEANINGS = {
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
     "drain_settle_s": "SIGTERM: calls on open connections are still served this long after health NOT_SERVING and the port closing, "
                       "before new calls are refused; 0 = refuse at once",
+    "max_connection_age_s": "connections older than this are closed gracefully (GOAWAY; calls on them finish) and clients "
+                            "reconnect, reaching replicas added since; 0 = never",
     "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
     "access_log": "1 = one INFO line per finished call (method, model, status, seconds, texts; never a text) on the logger "
                   "nmt_serve.access; 0 = none",
