@@ -156,8 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-bench", description=__doc__)
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
-    add_cell_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=3)
+    add_cell_arguments(parser, repeats=3)
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime / CTranslate2 intra-op threads per worker")
     parser.add_argument("--workers", type=int, default=1,
                         help="parallel translators per system: our engines (nmt-serve --engines), CTranslate2 inter_threads")

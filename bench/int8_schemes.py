@@ -101,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="German<TAB>English pairs")
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
     parser.add_argument("--schemes", default=",".join(INT8_SCHEMES))
-    add_cell_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_cell_arguments(parser, repeats=5)
     parser.add_argument("--out", type=Path, default=Path("bench/results/int8_schemes.md"))
     return parser
 

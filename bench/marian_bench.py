@@ -117,9 +117,8 @@ def format_agreement(checkpoint: Path) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-marian-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_cell_arguments(parser)
+    add_cell_arguments(parser, repeats=5)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every system")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--parity-limit", type=int, default=16, help="sentences the import compares with transformers")
     parser.add_argument("--out", type=Path, default=Path("bench/results/marian.md"))
     return parser

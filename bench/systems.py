@@ -30,11 +30,12 @@ class Cell:
     length: int  # forced output length (min = max), so every system produces the same number of tokens
 
 
-def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
-    """The timed cells' flags, shared by every benchmark that times Cells."""
+def add_cell_arguments(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The timed cells' flags and how often each is timed, shared by every benchmark that times Cells."""
     parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     parser.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     parser.add_argument("--length", type=int, default=32, help="forced output length")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed runs of every cell and system, interleaved")
 
 
 def cells_from(args: argparse.Namespace) -> list[Cell]:

@@ -8,9 +8,9 @@ temporary dir that replaces --out only at the end.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from nmt_serve.importers.sentencepiece_tokenizer import TokenizerImportError, co
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.model.transformer import Transformer, sinusoidal_table
+from nmt_serve.runtime.manifest import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -158,14 +159,24 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)  # weights only: a .bin may not run code
 
 
-def layer_names(ours: str, theirs: str, decoder: bool) -> dict[str, str]:
-    names = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "ffn.up": "fc1", "ffn.down": "fc2"}
-    names.update({"cross_attn": "encoder_attn", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"} if decoder
-                 else {"norm2": "final_layer_norm"})  # fmt: skip
-    return {f"{ours}.{a}": f"{theirs}.{b}" for a, b in names.items()}
+# Our module names (model/transformer.py) -> Marian's, applied to the part after "{encoder,decoder}_layers.N.".
+LAYER_MODULES = {"norm1.": "self_attn_layer_norm.", "ffn.up.": "fc1.", "ffn.down.": "fc2.", "cross_attn.": "encoder_attn."}
+# norm2 is the FFN's norm in an encoder layer and the cross-attention's in a decoder layer; norm3 is the decoder's FFN norm.
+SIDE_MODULES = {"encoder": {"norm2.": "final_layer_norm."}, "decoder": {"norm2.": "encoder_attn_layer_norm.", "norm3.": "final_layer_norm."}}
 
 
-def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def marian_name(ours: str) -> str:
+    """model/transformer.py's name of a layer tensor -> Marian's (without the "model." prefix)."""
+    side, index, module = re.fullmatch(r"(encoder|decoder)_layers\.(\d+)\.(.+)", ours).groups()  # type: ignore[union-attr]
+    for mapping in (LAYER_MODULES, SIDE_MODULES[side]):
+        prefix = next((key for key in mapping if module.startswith(key)), None)
+        if prefix is not None:
+            module = mapping[prefix] + module[len(prefix):]
+            break
+    return f"{side}.layers.{index}.{module}"
+
+
+def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor], our_names: list[str]) -> dict[str, torch.Tensor]:
     """Our state dict from Marian's; refuses untied embeddings and position tables that are not sinusoidal."""
     weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
     config, problems = source.config, []
@@ -180,19 +191,10 @@ def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor]) -> di
         stored = weights.get(f"{side}.embed_positions.weight")
         if stored is not None and (stored.shape != table.shape or (stored.float() - table).abs().max() > POSITION_TOLERANCE):
             problems.append(f"{source.weights_file.name}: {side}.embed_positions.weight is not Marian's sinusoidal table (learned positions?)")
-    prefixes = {f"encoder_layers.{i}": f"encoder.layers.{i}" for i in range(config.n_encoder_layers)}
-    prefixes.update({f"decoder_layers.{i}": f"decoder.layers.{i}" for i in range(config.n_decoder_layers)})
     state = {"embed.weight": embeddings[0], "output_bias": weights.get("final_logits_bias", torch.zeros(1, config.vocab_size)).reshape(-1)}
-    missing = []
-    for ours, theirs in prefixes.items():
-        for our_module, their_module in layer_names(ours, theirs, ours.startswith("decoder")).items():
-            for kind in ("weight", "bias"):
-                for projection in ("q_proj", "k_proj", "v_proj", "out_proj") if our_module.endswith("attn") else ("",):
-                    suffix = f".{projection}.{kind}" if projection else f".{kind}"
-                    if f"{their_module}{suffix}" in weights:
-                        state[f"{our_module}{suffix}"] = weights[f"{their_module}{suffix}"]
-                    else:
-                        missing.append(f"{their_module}{suffix}")
+    layer_tensors = [name for name in our_names if name not in state]
+    missing = [marian_name(name) for name in layer_tensors if marian_name(name) not in weights]
+    state.update({name: weights[marian_name(name)] for name in layer_tensors if marian_name(name) in weights})
     if missing:
         problems.append(f"{source.weights_file.name}: {len(missing)} tensors missing, e.g. model.{missing[0]}")
     if problems:
@@ -202,7 +204,7 @@ def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor]) -> di
 
 def build_model(source: MarianSource) -> Transformer:
     model = Transformer(source.config)
-    state = map_weights(source, read_weights(source.weights_file))
+    state = map_weights(source, read_weights(source.weights_file), list(model.state_dict()))
     try:
         model.load_state_dict(state)
     except RuntimeError as error:  # shape mismatches: name the first lines torch reports
@@ -220,21 +222,13 @@ def build_tokenizer(source: MarianSource) -> Tokenizer:
         raise MarianImportError(source.directory, [str(error)]) from error
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def import_record(source: MarianSource, origin: str) -> dict[str, Any]:
     """What import.json keeps: where the model came from, the hashes of the files read, the language pair."""
     read = [CONFIG, source.weights_file.name, *TOKENIZER_FILES, TOKENIZER_CONFIG]
     return {
         "kind": "marian",
         "source": origin,
-        "files": {name: sha256(source.directory / name) for name in read if (source.directory / name).is_file()},
+        "files": {name: sha256_file(source.directory / name) for name in read if (source.directory / name).is_file()},
         "source_language": source.source_language,
         "target_language": source.target_language,
         "transformers_config": {key: source.raw_config.get(key) for key in ("_name_or_path", "transformers_version", "activation_function")},
