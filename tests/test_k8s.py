@@ -114,7 +114,8 @@ def test_k8s_termination_grace_outlasts_prestop_and_drain(rendered: dict[str, li
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_k8s_liveness_never_restarts_a_draining_replica(rendered: dict[str, list[dict]], overlay: str) -> None:
     liveness = container(rendered[overlay])["livenessProbe"]
-    # The first miss can come just after health turns NOT_SERVING; the restart needs failureThreshold misses in a row.
+    # Configured seconds on both sides (probe settings against the drain's settings), nothing timed: the first miss
+    # can come just after health turns NOT_SERVING; the restart needs failureThreshold misses in a row.
     earliest_restart_s = (liveness["failureThreshold"] - 1) * liveness["periodSeconds"]
     assert earliest_restart_s > settings_of(rendered[overlay]).grace_s + DRAIN_QUIET_MAX_S
 
