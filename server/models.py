@@ -102,7 +102,7 @@ def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str
     default_name = settings.default_model or next(iter(names))
     if default_name not in names:  # checked before any graph is loaded
         raise ModelSetError(f"default_model {clipped(default_name)!r} is not a served model; served: {ModelRegistry.listing(names)}")
-    pool = EnginePool(plan.engines)
+    pool = EnginePool(plan.engines, settings.worker_niceness)
     limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                           join_group=settings.join_group)  # fmt: skip
     queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)

@@ -62,7 +62,10 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             remaining = context.time_remaining()
             wait_s = self.max_wait_s if remaining is None else min(remaining, self.max_wait_s)
             try:
-                request = await asyncio.wait_for(context.read(), wait_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read as a task of its own, one more
+                # task per call on the event loop that takes every call in.
+                async with asyncio.timeout(wait_s):
+                    request = await context.read()
             except asyncio.CancelledError:
                 # The client cancelled, or grpc core ended the call itself before its message (an unknown
                 # grpc-encoding: core answers INTERNAL, and cancels the handler): CANCELLED is what the server saw.

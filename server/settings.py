@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_serve.runtime.manifest import MANIFEST_FILE
+from nmt_serve.server.engine_pool import DEFAULT_WORKER_NICENESS
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
@@ -53,6 +54,9 @@ class ServerSettings:
     max_deadline_s: float = 60.0
     engines: int = 0  # engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU (server/workers.py)
     threads: int = 0  # ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines
+    # Added to the engine worker threads' nice value, so that the event loop taking calls in and answering them wins the
+    # cores from the compute when both want them (server/engine_pool.py); 0 = the server's own priority.
+    worker_niceness: int = DEFAULT_WORKER_NICENESS
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
     # Lifecycle and security.
     grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
@@ -85,6 +89,8 @@ class ServerSettings:
         for name in ("max_rows", "join_wait_steps", "engines", "threads"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be at least 0, got {getattr(self, name)}")
+        if not 0 <= self.worker_niceness <= 19:
+            problems.append(f"worker_niceness must be between 0 and 19, got {self.worker_niceness}")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:
@@ -123,6 +129,8 @@ MEANINGS = {
     "max_deadline_s": "the longest any call lives: longer client deadlines are cut to it, a request not arrived by then is DEADLINE_EXCEEDED",
     "engines": "engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU",
     "threads": "ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines",
+    "worker_niceness": "added to the engine worker threads' nice value, so the event loop taking calls in wins the cores "
+                       "from the compute; 0 = the server's own priority",
     "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
     "drain_settle_s": "SIGTERM: calls on open connections are still served this long after health NOT_SERVING and the port closing, "

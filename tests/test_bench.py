@@ -146,6 +146,23 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
     assert sigterm_row[4].strip() == "0" and sigterm_row[7].strip() == "0"  # nothing lost, exit code 0
 
 
+def test_burst_report_compares_refusals_with_the_bare_grpcio_floor(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from nmt_serve.bench.burst_report import main as burst_report_main
+    from nmt_serve.client.loadtest import SAMPLE_TEXTS
+
+    out = tmp_path / "burst.md"
+    assert burst_report_main(["--model", str(tiny_model_dir), "--burst", "60", "--rounds", "1", "--max-queued-requests", "8", "--pause", "0.1",
+                              "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| server")]
+    assert [row[0].split(":")[0].split(",")[0].strip() for row in rows] == ["grpcio alone", "nmt-serve", "nmt-serve", "nmt-serve"]
+    assert rows[0][4].strip() == "1.00x" and "--worker-niceness 10" in rows[2][0] and "--worker-niceness 0" in rows[3][0]
+    for row in rows:
+        ok, refused = (part.strip() for part in row[6].split("/"))
+        assert int(refused.split("-")[0]) > 0 and row[7].strip() == "0", row  # every server refused some calls; no other code
+    for row in rows[2:]:
+        assert int(row[6].split("/")[0].split("-")[0]) > 0, row  # the model servers admitted and answered some
+
+
 def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Path, tmp_path: Path) -> None:
     from nmt_serve.bench.workers_report import main as workers_report_main
     from nmt_serve.client.loadtest import SAMPLE_TEXTS
