@@ -35,6 +35,8 @@ class Contender:
     name: str
     server: ServerProcess
     bursts: list[dict[str, float]] = field(default_factory=list)  # per burst: refused p50/p99, admitted p99, counts
+    at_work: bool = False  # a model server taking the burst for real (also timed under the closed loop)
+    throughput: list[float] = field(default_factory=list)  # per round: closed-loop requests/s (model servers only)
 
 
 def one_burst(target: str, size: int, texts: Path | None) -> dict[str, float]:
@@ -48,12 +50,17 @@ def one_burst(target: str, size: int, texts: Path | None) -> dict[str, float]:
             "other": sum(count for code, count in codes.items() if code not in (*REFUSALS, "OK"))}  # fmt: skip
 
 
-def table(contenders: list[Contender], size: int) -> str:
+def closed_loop(target: str, concurrency: int, seconds: float, texts: Path | None) -> float:
+    report = asyncio.run(load(target, texts, "--concurrency", str(concurrency), "--duration", str(seconds)).run())
+    return report.requests_per_s
+
+
+def table(contenders: list[Contender], size: int, concurrency: int) -> str:
     floor = statistics.median(burst["refused_p99"] for burst in contenders[0].bursts)
     lines = [f"### Bursts of {size} calls at once ({len(contenders[0].bursts)} per server, interleaved)", "",
              "| server | refused: median p50 (s) | refused: median p99 (s) | refused p99: min-max (s) | p99 / floor's | admitted (OK): median p99 (s) "
-             "| OK / refused per burst | other codes |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"| OK / refused per burst | other codes | closed loop, {concurrency} clients: median requests/s |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for contender in contenders:
         bursts = contender.bursts
         p99s = [burst["refused_p99"] for burst in bursts]
@@ -62,7 +69,8 @@ def table(contenders: list[Contender], size: int) -> str:
                      f"| {min(p99s):.3f}-{max(p99s):.3f} | {statistics.median(p99s) / floor:.2f}x "
                      f"| {statistics.median(admitted) if admitted else float('nan'):.3f} "
                      f"| {min(b['ok'] for b in bursts):.0f}-{max(b['ok'] for b in bursts):.0f} / "
-                     f"{min(b['refused'] for b in bursts):.0f}-{max(b['refused'] for b in bursts):.0f} | {sum(b['other'] for b in bursts):.0f} |")  # fmt: skip
+                     f"{min(b['refused'] for b in bursts):.0f}-{max(b['refused'] for b in bursts):.0f} | {sum(b['other'] for b in bursts):.0f} "
+                     f"| {f'{statistics.median(contender.throughput):.1f}' if contender.throughput else '-'} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -72,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=1000, help="calls per burst")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per server, taken in turn")
     parser.add_argument("--niceness", default="10,0", help="comma-separated nmt-serve --worker-niceness values, one server each")
+    parser.add_argument("--closed-concurrency", type=int, default=32, help="clients of each round's closed loop on the model servers")
+    parser.add_argument("--closed-seconds", type=float, default=10.0, help="length of that closed loop (0: none)")
     parser.add_argument("--max-queued-requests", type=int, default=256, help="nmt-serve --max-queued-requests (its default: 256)")
     parser.add_argument("--pause", type=float, default=2.0, help="seconds between bursts, for the last one's calls to finish")
     parser.add_argument("--texts", type=Path, default=None, help="as nmt-loadtest --texts")
@@ -90,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       Contender("nmt-serve, every call refused for its token (UNAUTHENTICATED)",
                                 ServerProcess(args.model, work, *serve_flags, "--auth-token", TOKEN))]  # fmt: skip
         contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {value}",
-                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", value))
+                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", value), at_work=True)
                        for value in args.niceness.split(",")]  # fmt: skip
         try:
             for round_index in range(args.rounds):
@@ -98,10 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     time.sleep(args.pause)
                     contender.bursts.append(one_burst(contender.server.target, args.burst, args.texts))
                     logger.info("round %d, %s: %s", round_index + 1, contender.name, contender.bursts[-1])
+                    if contender.at_work and args.closed_seconds > 0:
+                        contender.throughput.append(closed_loop(contender.server.target, args.closed_concurrency, args.closed_seconds, args.texts))
         finally:
             for contender in contenders:
                 contender.server.stop()
-    write_report("Refusals under a burst", "nmt-burst-report", argv, [table(contenders, args.burst)], args.out)
+    write_report("Refusals under a burst", "nmt-burst-report", argv, [table(contenders, args.burst, args.closed_concurrency)], args.out)
     return 0
 
 

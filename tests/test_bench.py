@@ -152,15 +152,16 @@ def test_burst_report_compares_refusals_with_the_bare_grpcio_floor(tiny_model_di
 
     out = tmp_path / "burst.md"
     assert burst_report_main(["--model", str(tiny_model_dir), "--burst", "60", "--rounds", "1", "--max-queued-requests", "8", "--pause", "0.1",
-                              "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
+                              "--closed-seconds", "0.5", "--closed-concurrency", "2", "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| server")]
     assert [row[0].split(":")[0].split(",")[0].strip() for row in rows] == ["grpcio alone", "nmt-serve", "nmt-serve", "nmt-serve"]
     assert rows[0][4].strip() == "1.00x" and "--worker-niceness 10" in rows[2][0] and "--worker-niceness 0" in rows[3][0]
     for row in rows:
         ok, refused = (part.strip() for part in row[6].split("/"))
         assert int(refused.split("-")[0]) > 0 and row[7].strip() == "0", row  # every server refused some calls; no other code
+    assert [row[8].strip() for row in rows[:2]] == ["-", "-"]  # no closed loop on the servers without a model at work
     for row in rows[2:]:
-        assert int(row[6].split("/")[0].split("-")[0]) > 0, row  # the model servers admitted and answered some
+        assert int(row[6].split("/")[0].split("-")[0]) > 0 and float(row[8]) > 0, row  # the model servers answered some, and had a throughput
 
 
 def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Path, tmp_path: Path) -> None:
