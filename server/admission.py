@@ -64,16 +64,24 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         finally:
             self._held -= 1
 
+    def refusal_now(self, method: str) -> tuple[grpc.StatusCode, str] | None:
+        """For a call to `method` (a full name) arriving now: its status when the scheduler has no place for any request
+        (counted as a refusal), else None. The HTTP API asks it too, before reading a body."""
+        rejected = self.scheduler.refusal() if method in self.methods else None
+        if rejected is None:
+            return None
+        if self.metrics is not None:
+            self.metrics.rejected_for(rejected.reason)
+            self.metrics.answered(method.rsplit("/", 1)[-1], status_for(rejected)[0].name, 0.0)
+        return status_for(rejected)
+
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        rejected = self.scheduler.refusal() if details.method in self.methods else None
-        if rejected is None:
+        refused = self.refusal_now(details.method)
+        if refused is None:
             return await continuation(details)
-        code, message = status_for(rejected)
-        if self.metrics is not None:
-            self.metrics.rejected_for(rejected.reason)
-            self.metrics.answered(details.method.rsplit("/", 1)[-1], code.name, 0.0)
+        code, message = refused
         # Request-streaming handlers that never read: the message is left unread, whatever the client sends.
         handler = await continuation(details)
         if handler.response_streaming:

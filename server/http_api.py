@@ -15,10 +15,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.auth import REFUSAL, BearerTokenInterceptor
 from nmt_serve.server.http_status import PAYLOAD_TOO_LARGE, error_body, error_headers, http_status
 from nmt_serve.server.metrics import TRANSPORT, TRANSPORTS, Metrics
-from nmt_serve.server.service import TranslationService, Unparsable
+from nmt_serve.server.service import SERVICE_NAME, TranslationService, Unparsable
 from nmt_serve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -26,16 +27,21 @@ logger = logging.getLogger(__name__)
 TIMEOUT_HEADER = "Request-Timeout"  # seconds; the HTTP counterpart of a gRPC deadline (none: the server's default)
 # The gRPC method each authenticated path stands for (metrics, access log, refusals).
 METHODS = {"/v1/translate": "Translate", "/v1/translate/stream": "TranslateStream", "/v1/models": "ListModels"}
+# The code a call refused for its body's size is counted under in nmt_requests_total: what grpcio answers the same
+# message over gRPC.
+TOO_LARGE_COUNTED_AS = grpc.StatusCode.RESOURCE_EXHAUSTED.name
 MODEL_PATH = "/v1/models/"
 
 
 class HttpAbort(Exception):
-    """A call answered with a status other than OK: `code` is a gRPC status code's name (or PAYLOAD_TOO_LARGE)."""
+    """A call answered with a status other than OK: `code` is a gRPC status code's name (or PAYLOAD_TOO_LARGE).
+    `counted`: the servicer or the admission check has counted the call already; else the middleware counts it."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, counted: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.counted = counted
 
 
 class HttpContext:
@@ -48,7 +54,7 @@ class HttpContext:
         return None if self._deadline is None else self._deadline - time.monotonic()
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise HttpAbort(code.name, details)
+        raise HttpAbort(code.name, details, counted=True)  # the servicer counts every call it answers
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -69,10 +75,11 @@ def method_of(path: str) -> str | None:
 class HttpApi:
     """The /v1 routes and the middleware every request passes (transport label, token, errors)."""
 
-    def __init__(self, service: TranslationService, settings: ServerSettings, metrics: Metrics) -> None:
+    def __init__(self, service: TranslationService, settings: ServerSettings, metrics: Metrics, admission: EarlyAdmission | None = None) -> None:
         self.service = service
         self.settings = settings
         self.metrics = metrics
+        self.admission = admission  # refuses translations at arrival when no place is left, before the body is read
         self.auth = BearerTokenInterceptor(settings.auth_token, metrics.refused) if settings.auth_token else None
 
     def add_routes(self, app: web.Application) -> None:
@@ -89,8 +96,13 @@ class HttpApi:
         try:
             if method is not None and self.auth is not None:
                 self._check_token(request, method, started)
+            if method is not None and self.admission is not None:
+                self._admit(method)
             return await handler(request)
         except HttpAbort as error:
+            if not error.counted and method is not None:
+                code = TOO_LARGE_COUNTED_AS if error.code == PAYLOAD_TOO_LARGE else error.code
+                self.metrics.answered(method, code, time.perf_counter() - started)
             response = error_response(error)
             if error.code == PAYLOAD_TOO_LARGE:
                 response.force_close()  # the rest of the body is never read: the connection cannot carry another request
@@ -100,7 +112,14 @@ class HttpApi:
         assert self.auth is not None
         if not self.auth.accepts(request.headers.get("Authorization", "").encode()):
             self.metrics.refused(method, time.perf_counter() - started)
-            raise HttpAbort(grpc.StatusCode.UNAUTHENTICATED.name, REFUSAL.replace("metadata", "header"))
+            raise HttpAbort(grpc.StatusCode.UNAUTHENTICATED.name, REFUSAL.replace("metadata", "header"), counted=True)
+
+    def _admit(self, method: str) -> None:
+        """As the gRPC port's early admission: a translation that finds no place left is refused before its body is read."""
+        assert self.admission is not None
+        refused = self.admission.refusal_now(f"/{SERVICE_NAME}/{method}")
+        if refused is not None:
+            raise HttpAbort(refused[0].name, refused[1], counted=True)
 
     # ------------------------------------------------------------ routes
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.http_api import HttpApi
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.metrics import Metrics
@@ -27,13 +28,14 @@ STOP_WAIT_S = 1.0
 class HttpServer:
     """`ready()` says whether the server takes translations (warm, not draining): /readyz answers 200 only then."""
 
-    def __init__(self, service: TranslationService, settings: ServerSettings, metrics: Metrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, service: TranslationService, settings: ServerSettings, metrics: Metrics, ready: Callable[[], bool],
+                 admission: EarlyAdmission | None = None) -> None:
         self.settings = settings
         self.ready = ready
         self.port = 0
         # The body limit is the gRPC message limit, for bodies of unknown length too (server/http_api.py checks declared ones).
         app = web.Application(client_max_size=settings.max_message_bytes)
-        HttpApi(service, settings, metrics).add_routes(app)
+        HttpApi(service, settings, metrics, admission).add_routes(app)
         app.router.add_get("/healthz", self.live)
         app.router.add_get("/readyz", self.readiness)
         self._openapi = openapi_document(API_VERSION)

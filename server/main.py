@@ -115,7 +115,7 @@ class Server:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         if self.settings.http_port:
-            self.http = HttpServer(self.service, self.settings, self.metrics, self.serving.is_set)
+            self.http = HttpServer(self.service, self.settings, self.metrics, self.serving.is_set, self.admission)
             await self.http.start()
             logger.info("HTTP API on http://%s:%d/ (docs at /openapi.json)", self.settings.http_host, self.http.port)
         if install_signals:

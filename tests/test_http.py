@@ -6,8 +6,9 @@ import concurrent.futures
 import http.client
 import json
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -21,7 +22,7 @@ from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, http_status
 from nmt_serve.server.settings import parse_settings
-from tests.serving import RunningServer, scrape_until, server_settings, total
+from tests.serving import RunningServer, scrape_until, server_settings, total, wait_for
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
 LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a request in the batch for 90 steps
@@ -219,6 +220,61 @@ def test_http_full_queue_is_429_with_retry_after(tiny_model_dir: Path) -> None:
     refused = [(json.loads(data)["error"], headers) for status, headers, data in answers if status == 429]
     assert refused, answers
     assert all(error["code"] == "RESOURCE_EXHAUSTED" and headers["Retry-After"] == "1" for error, headers in refused)
+
+
+def hold_engines(server: RunningServer, gate: threading.Event) -> None:
+    """Every engine step waits for `gate`: admitted calls stay in the queue, whatever the CPU's speed."""
+    for model in server.server.models:
+        for engine in model.scheduler.engines:
+            step = engine.step
+
+            def held(step: Callable[[], None] = step) -> None:
+                gate.wait(30)
+                step()
+
+            engine.step = held  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("path", "method"), [("/v1/translate", "Translate"), ("/v1/translate/stream", "TranslateStream")])
+def test_http_full_queue_is_refused_before_the_body_is_read(tiny_model_dir: Path, path: str, method: str) -> None:
+    """Headers declaring a body, none of it sent: with no place left the answer is 429 at once; a server that read
+    the body first would still be waiting for it."""
+    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=1)) as server:
+        gate = threading.Event()
+        hold_engines(server, gate)
+        channel, stub = server.stub()
+        with channel:
+            holder = stub.Translate.future(pb.TranslateRequest(texts=GERMAN[:1]), timeout=60)
+            assert wait_for(lambda: server.server.scheduler.refusal() is not None, 10)
+            connection = http.client.HTTPConnection("127.0.0.1", server.server.http.port, timeout=10)
+            connection.putrequest("POST", path)
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", "100")
+            connection.endheaders()
+            response = connection.getresponse()
+            status, error = response.status, json.loads(response.read())["error"]
+            connection.close()
+            gate.set()
+            assert holder.result().translations  # the admitted call is served once the engines go on
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_rejected_total", reason="queue_full") >= 1)
+    assert (status, error["code"]) == (429, "RESOURCE_EXHAUSTED") and "queue full" in error["message"]
+    assert total(samples, "nmt_rejected_total", reason="queue_full") == 1
+    assert total(samples, "nmt_requests_total", method=method, code="RESOURCE_EXHAUSTED", transport="http") == 1
+
+
+def test_http_refusals_before_the_servicer_are_counted(tiny_model_dir: Path) -> None:
+    """A body over the limit and a bad timeout header never reach the servicer; each is still one call in nmt_requests_total
+    (the oversized body under RESOURCE_EXHAUSTED, what grpcio answers it over gRPC)."""
+    with RunningServer(http_settings(tiny_model_dir)) as server:
+        with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 413")
+        assert error_of(server, "/v1/translate/stream", {"text": GERMAN[0]}, {TIMEOUT_HEADER: "soon"})[0] == 400
+        samples = scrape_until(server.server.metrics_port,
+                               lambda found: total(found, "nmt_requests_total", transport="http") >= 2)  # fmt: skip
+    assert total(samples, "nmt_requests_total", method="Translate", code="RESOURCE_EXHAUSTED", transport="http") == 1
+    assert total(samples, "nmt_requests_total", method="TranslateStream", code="INVALID_ARGUMENT", transport="http") == 1
+    assert total(samples, "nmt_requests_total", transport="http") == 2
 
 
 def test_http_warming_up_is_503_and_not_ready(tiny_model_dir: Path) -> None:
