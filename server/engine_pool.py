@@ -8,9 +8,10 @@ other step while another model has work, and all of the workers while the others
 
 Why the workers run at a lower scheduling priority (niceness, default 10): the event loop that takes calls in and
 answers them shares the cores with them, and a call is refused or admitted only when the loop gets its turn. At equal
-priority, two busy workers on two cores held back the loop under a burst of 1,000 calls (int8 model, AMD EPYC, 2
-cores, load generator on the same cores): refusals came back after p99 0.95-1.34 s; with the workers at niceness 10,
-0.66-0.79 s, at the same closed-loop throughput (203 against 205-210 requests/s at concurrency 32).
+priority, two busy workers on two cores held back the loop under bursts of 1,000 calls (int8 model, AMD EPYC, 2
+cores, load generator on the same cores; nmt-burst-report, bench/results/burst.md): refusals came back after a p99
+of 0.859 s (median of 7 bursts); with the workers at niceness 10, 0.613 s, at the same closed-loop throughput
+(308.7 against 312.6 requests/s with 32 clients).
 Linux applies niceness per thread; it covers the ONNX Runtime calls a worker makes on its own thread (one intra-op
 thread, the CPU default up to 4 cores), not the pool threads of sessions given more.
 """
