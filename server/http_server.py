@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,10 +52,19 @@ class HttpServer:
     async def start(self) -> int:
         """Listens on --http-host:--http-port; returns the bound port."""
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port, reuse_port=False)
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port, reuse_port=False, ssl_context=self._tls())
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self.port
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """With --tls-cert and --tls-key, the HTTP port speaks TLS only, with the gRPC port's certificate: the token
+        a client sends is never readable on the wire, whichever port it uses."""
+        if not self.settings.tls_cert:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.settings.tls_cert, self.settings.tls_key)
+        return context
 
     async def stop(self) -> None:
         """Stops listening, lets running handlers finish (at most STOP_WAIT_S), then closes every connection."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -116,3 +119,15 @@ def scrape_until(port: int, ready: Callable[[Samples], bool], timeout_s: float =
         if ready(samples) or time.monotonic() > deadline:
             return samples
         time.sleep(0.05)
+
+
+NO_OPENSSL = shutil.which("openssl") is None  # skip reason: "openssl binary not installed (apt-get install openssl)"
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """(key, certificate) PEM files for localhost and 127.0.0.1, valid one day, made by the openssl binary."""
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, env={**os.environ, "OPENSSL_CONF": "/dev/null"})  # fmt: skip
+    return key, cert

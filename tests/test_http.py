@@ -6,6 +6,7 @@ import concurrent.futures
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, http_status
 from nmt_serve.server.settings import parse_settings
-from tests.serving import RunningServer, scrape_until, server_settings, total, wait_for
+from tests.serving import NO_OPENSSL, RunningServer, scrape_until, self_signed_certificate, server_settings, total, wait_for
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
 LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a request in the batch for 90 steps
@@ -275,6 +276,23 @@ def test_http_refusals_before_the_servicer_are_counted(tiny_model_dir: Path) -> 
     assert total(samples, "nmt_requests_total", method="Translate", code="RESOURCE_EXHAUSTED", transport="http") == 1
     assert total(samples, "nmt_requests_total", method="TranslateStream", code="INVALID_ARGUMENT", transport="http") == 1
     assert total(samples, "nmt_requests_total", transport="http") == 2
+
+
+@pytest.mark.skipif(NO_OPENSSL, reason="openssl binary not installed (apt-get install openssl)")
+def test_http_port_speaks_tls_only_when_the_grpc_port_does(tiny_model_dir: Path, tmp_path: Path) -> None:
+    key, cert = self_signed_certificate(tmp_path)
+    with RunningServer(http_settings(tiny_model_dir, tls_cert=str(cert), tls_key=str(key))) as server:
+        port = server.server.http.port
+        secure = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ssl.create_default_context(cafile=str(cert)))
+        secure.request("POST", "/v1/translate", body=json.dumps({"texts": GERMAN}), headers={"Content-Type": "application/json"})
+        answer = secure.getresponse()
+        assert answer.status == 200 and len(json.loads(answer.read())["translations"]) == 2
+        secure.close()
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((http.client.HTTPException, ConnectionError)):  # the TLS handshake fails: no HTTP answer comes back
+            plain.request("GET", "/v1/models")
+            plain.getresponse()
+        plain.close()
 
 
 def test_http_warming_up_is_503_and_not_ready(tiny_model_dir: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from nmt_serve.bench.balancer import free_port
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
 from nmt_serve.server.main import DRAIN_QUIET_MAX_S, DRAIN_QUIET_S
-from tests.serving import RunningServer, Samples, scrape_until, server_settings, total, wait_for
+from tests.serving import NO_OPENSSL, RunningServer, Samples, scrape_until, self_signed_certificate, server_settings, total, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,12 +214,9 @@ def test_translate_cli_prints_translations(served: Served) -> None:
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "beam_size" in bad.stderr
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl binary not installed (apt-get install openssl)")
+@pytest.mark.skipif(NO_OPENSSL, reason="openssl binary not installed (apt-get install openssl)")
 def test_serve_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True, env={**os.environ, "OPENSSL_CONF": "/dev/null"})  # fmt: skip
+    key, cert = self_signed_certificate(tmp_path)
     with RunningServer(server_settings(tiny_model_dir, tls_cert=str(cert), tls_key=str(key))) as server:
         request = pb.TranslateRequest(texts=["Hund"])
         with grpc.insecure_channel(server.target) as plain:
