@@ -3,6 +3,7 @@ metrics are the gRPC API's; only the transport differs (JSON bodies, server-sent
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from google.protobuf.message import Message
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.admission import EarlyAdmission
 from nmt_serve.server.auth import REFUSAL, BearerTokenInterceptor
-from nmt_serve.server.http_status import PAYLOAD_TOO_LARGE, error_body, error_headers, http_status
+from nmt_serve.server.http_status import COUNTED_AS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, error_body, error_headers, http_status
 from nmt_serve.server.metrics import TRANSPORT, TRANSPORTS, Metrics
 from nmt_serve.server.service import SERVICE_NAME, TranslationService, Unparsable
 from nmt_serve.server.settings import ServerSettings
@@ -27,14 +28,11 @@ logger = logging.getLogger(__name__)
 TIMEOUT_HEADER = "Request-Timeout"  # seconds; the HTTP counterpart of a gRPC deadline (none: the server's default)
 # The gRPC method each authenticated path stands for (metrics, access log, refusals).
 METHODS = {"/v1/translate": "Translate", "/v1/translate/stream": "TranslateStream", "/v1/models": "ListModels"}
-# The code a call refused for its body's size is counted under in nmt_requests_total: what grpcio answers the same
-# message over gRPC.
-TOO_LARGE_COUNTED_AS = grpc.StatusCode.RESOURCE_EXHAUSTED.name
 MODEL_PATH = "/v1/models/"
 
 
 class HttpAbort(Exception):
-    """A call answered with a status other than OK: `code` is a gRPC status code's name (or PAYLOAD_TOO_LARGE).
+    """A call answered with a status other than OK: `code` is a gRPC status code's name (or PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT).
     `counted`: the servicer or the admission check has counted the call already; else the middleware counts it."""
 
     def __init__(self, code: str, message: str, counted: bool = False) -> None:
@@ -101,10 +99,9 @@ class HttpApi:
             return await handler(request)
         except HttpAbort as error:
             if not error.counted and method is not None:
-                code = TOO_LARGE_COUNTED_AS if error.code == PAYLOAD_TOO_LARGE else error.code
-                self.metrics.answered(method, code, time.perf_counter() - started)
+                self.metrics.answered(method, COUNTED_AS.get(error.code, error.code), time.perf_counter() - started)
             response = error_response(error)
-            if error.code == PAYLOAD_TOO_LARGE:
+            if error.code in COUNTED_AS:
                 response.force_close()  # the rest of the body is never read: the connection cannot carry another request
             return response
 
@@ -124,8 +121,9 @@ class HttpApi:
     # ------------------------------------------------------------ routes
 
     async def translate(self, request: web.Request) -> web.Response:
-        message = await self._read(request, pb.TranslateRequest)
-        return web.json_response(to_json(await self.service.Translate(message, self._context(request))))
+        context = self._context(request)
+        message = await self._read(request, pb.TranslateRequest, context)
+        return web.json_response(to_json(await self.service.Translate(message, context)))
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response(to_json(await self.service.ListModels(pb.ListModelsRequest(), self._context(request))))
@@ -137,8 +135,9 @@ class HttpApi:
     async def translate_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events, one TranslateStreamResponse each; a failure before the first is an HTTP status, after it an
         `error` event. A client that goes away cancels the handler, and with it the stream's engine rows."""
-        message = await self._read(request, pb.TranslateStreamRequest)
-        stream: AsyncIterator[pb.TranslateStreamResponse] = self.service.TranslateStream(message, self._context(request))
+        context = self._context(request)
+        message = await self._read(request, pb.TranslateStreamRequest, context)
+        stream: AsyncIterator[pb.TranslateStreamResponse] = self.service.TranslateStream(message, context)
         try:
             first = await anext(stream)  # validation, admission and the first step: an error here still gets its status
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -157,16 +156,23 @@ class HttpApi:
 
     # ------------------------------------------------------------ helpers
 
-    async def _read(self, request: web.Request, message_class: type[Message]) -> Message | Unparsable:
-        """The body as `message_class`; a declared length over the limit is refused before any of the body is read."""
+    async def _read(self, request: web.Request, message_class: type[Message], context: HttpContext) -> Message | Unparsable:
+        """The body as `message_class`; a declared length over the limit is refused before any of the body is read, and
+        a body still incomplete at the call's deadline (--max-deadline-s at most) is REQUEST_TIMEOUT: aiohttp itself
+        waits for a stalled body as long as the client keeps the connection open."""
         limit = self.settings.max_message_bytes
         too_large = f"request body has {{}} bytes; the limit is {limit} bytes (max_message_bytes)"
         if request.content_length is not None and request.content_length > limit:
             raise HttpAbort(PAYLOAD_TOO_LARGE, too_large.format(request.content_length))
+        remaining = context.time_remaining()
+        wait_s = self.settings.max_deadline_s if remaining is None else min(remaining, self.settings.max_deadline_s)
         try:
-            body = await request.read()  # a chunked body stops at the app's client_max_size, the same limit
+            async with asyncio.timeout(wait_s):
+                body = await request.read()  # a chunked body stops at the app's client_max_size, the same limit
         except web.HTTPRequestEntityTooLarge:
             raise HttpAbort(PAYLOAD_TOO_LARGE, too_large.format(f"more than {limit}")) from None
+        except TimeoutError:
+            raise HttpAbort(REQUEST_TIMEOUT, f"the request body did not arrive within {wait_s:.3g} s") from None
         try:
             return json_format.Parse(body.decode("utf-8"), message_class())
         except (json_format.ParseError, UnicodeDecodeError) as error:

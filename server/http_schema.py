@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, RETRY_AFTER_S
+from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, RETRY_AFTER_S
 
 # proto3 JSON: 64-bit integers travel as strings, the others as JSON numbers.
 SCALARS = {
@@ -61,7 +61,7 @@ def enum_schema(enum: EnumDescriptor, schemas: dict[str, Any]) -> None:
 def error_schema() -> dict[str, Any]:
     return {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["code", "message"],
-        "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE}",
+        "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE} or {REQUEST_TIMEOUT}",
                                 "example": "INVALID_ARGUMENT"},
                        "message": {"type": "string", "description": "what was wrong, naming the field and its limit"}}}}}  # fmt: skip
 

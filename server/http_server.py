@@ -24,6 +24,7 @@ API_VERSION = "v1"
 # the scheduler's calls have finished or the grace period is over, so what is left is answers being written, or calls
 # to cut off without adding to the grace period.
 STOP_WAIT_S = 1.0
+KEEPALIVE_S = 75.0  # nginx's default keepalive_timeout
 
 
 class HttpServer:
@@ -46,7 +47,8 @@ class HttpServer:
         # A client that goes away cancels its handler, and with it the call's engine rows (not only at the next write).
         # No lingering: a body left unread (one refused for its size) is not read and thrown away, its connection is
         # closed once the answer is out.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, lingering_time=0,
+        # An idle keep-alive connection is closed after KEEPALIVE_S (aiohttp's own default is about an hour).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
                                      shutdown_timeout=min(settings.grace_s, STOP_WAIT_S))  # fmt: skip
 
     async def start(self) -> int:

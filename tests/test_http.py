@@ -21,7 +21,7 @@ from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
-from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, http_status
+from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
 from nmt_serve.server.settings import parse_settings
 from tests.serving import NO_OPENSSL, RunningServer, scrape_until, self_signed_certificate, server_settings, total, wait_for
 
@@ -144,6 +144,7 @@ def test_http_port_flag_defaults_to_8000_and_names_its_range() -> None:
 
 def test_http_status_table_maps_each_code_once() -> None:
     assert http_status("OK") == 200 and http_status("CANCELLED") == 499 and http_status(PAYLOAD_TOO_LARGE) == 413
+    assert http_status(REQUEST_TIMEOUT) == 408
     for code in ("INTERNAL", "UNKNOWN", "UNIMPLEMENTED", "FAILED_PRECONDITION"):
         assert http_status(code) == OTHER_STATUS == 500
 
@@ -199,6 +200,28 @@ def test_http_chunked_oversized_body_is_413_once_the_limit_has_arrived(running: 
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == PAYLOAD_TOO_LARGE
+
+
+def test_http_stalled_body_is_408_at_the_deadline(tiny_model_dir: Path) -> None:
+    """Headers declaring 100 bytes, 8 of them sent, the connection kept open: answered at the call's deadline (its
+    Request-Timeout, or --max-deadline-s without one), and the connection closed; aiohttp alone would wait for ever."""
+    answers = []
+    with RunningServer(http_settings(tiny_model_dir, default_deadline_s=1.0, max_deadline_s=2.0)) as server:
+        for timeout in ("1", None):
+            with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=30) as sock:
+                head = ("POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                        + (f"{TIMEOUT_HEADER}: {timeout}\r\n" if timeout else "") + "\r\n")  # fmt: skip
+                sock.sendall(head.encode() + b'{"texts"')
+                answer = b""
+                while chunk := sock.recv(65536):  # b"" once the server closed
+                    answer += chunk
+            status_line, _, body = answer.partition(b"\r\n\r\n")
+            answers.append((status_line.split(b"\r\n")[0], json.loads(body)["error"]))
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_requests_total", code="DEADLINE_EXCEEDED") >= 2)
+    assert [line for line, _ in answers] == [b"HTTP/1.1 408 Request Timeout"] * 2
+    assert [error["code"] for _, error in answers] == [REQUEST_TIMEOUT] * 2
+    assert [error["message"] for _, error in answers] == [f"the request body did not arrive within {wait} s" for wait in (1, 2)]
+    assert total(samples, "nmt_requests_total", method="Translate", code="DEADLINE_EXCEEDED", transport="http") == 2
 
 
 def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:
