@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from nmt_serve.client.loadtest import SAMPLE_TEXTS
 from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server import http_server
 from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
@@ -222,6 +223,18 @@ def test_http_stalled_body_is_408_at_the_deadline(tiny_model_dir: Path) -> None:
     assert [error["code"] for _, error in answers] == [REQUEST_TIMEOUT] * 2
     assert [error["message"] for _, error in answers] == [f"the request body did not arrive within {wait} s" for wait in (1, 2)]
     assert total(samples, "nmt_requests_total", method="Translate", code="DEADLINE_EXCEEDED", transport="http") == 2
+
+
+def test_http_connection_whose_headers_never_complete_is_closed(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Request headers trickling in and never finished: the server closes the connection once the keep-alive timeout
+    (shortened here from 75 s) has passed, as it closes idle ones."""
+    monkeypatch.setattr(http_server, "KEEPALIVE_S", 1.0)
+    with RunningServer(http_settings(tiny_model_dir)) as server:
+        with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.5)
+            sock.sendall(b"X-Slow: 1\r\n")
+            assert sock.recv(65536) == b""  # closed with no answer; a socket timeout here would mean it stayed open
 
 
 def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:
