@@ -156,12 +156,17 @@ def test_burst_report_compares_refusals_with_the_bare_grpcio_floor(tiny_model_di
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| server")]
     assert [row[0].split(":")[0].split(",")[0].strip() for row in rows] == ["grpcio alone", "nmt-serve", "nmt-serve", "nmt-serve"]
     assert rows[0][4].strip() == "1.00x" and "--worker-niceness 10" in rows[2][0] and "--worker-niceness 0" in rows[3][0]
-    for row in rows:
-        ok, refused = (part.strip() for part in row[6].split("/"))
-        assert int(refused.split("-")[0]) > 0 and row[7].strip() == "0", row  # every server refused some calls; no other code
+    counts = [[int(value) for value in part.strip().split("-")] for row in rows for part in row[6].split("/")]
+    ok_counts, refused_counts = counts[0::2], counts[1::2]  # each a (min, max) over the bursts
+    # The floor and the token server refuse every call by construction; how many of the 60 a model server refuses depends
+    # on how fast this CPU clears its queue of 8, so there only the sum is checked: every call ended OK or refused.
+    assert ok_counts[:2] == [[0, 0], [0, 0]] and refused_counts[:2] == [[60, 60], [60, 60]]
+    for (ok, _), (refused, _) in zip(ok_counts[2:], refused_counts[2:], strict=True):
+        assert ok >= 1 and ok + refused == 60, rows  # the first call always finds a place; one burst per server, so min = max
+    assert all(row[7].strip() == "0" for row in rows), rows  # no other code anywhere
     assert [row[8].strip() for row in rows[:2]] == ["-", "-"]  # no closed loop on the servers without a model at work
     for row in rows[2:]:
-        assert int(row[6].split("/")[0].split("-")[0]) > 0 and float(row[8]) > 0, row  # the model servers answered some, and had a throughput
+        assert float(row[8]) > 0, row  # the model servers had a closed-loop throughput
 
 
 def test_workers_report_has_a_row_per_load_and_configuration(tiny_model_dir: Path, tmp_path: Path) -> None:
