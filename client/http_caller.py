@@ -13,15 +13,17 @@ import grpc
 from google.protobuf import json_format
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.http_status import COUNTED_AS
 
 
 class HttpCallError(Exception):
-    """An answer other than 200: its JSON error's code, as a gRPC status code (the report counts both transports alike)."""
+    """An answer other than 200: its JSON error's code, as a gRPC status code (the report counts both transports alike;
+    the HTTP API's own 413 and 408 count as the gRPC codes the server counts them under)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
+        code = COUNTED_AS.get(code, code)
         self._code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
-        self.name = code  # PAYLOAD_TOO_LARGE has no gRPC twin
 
     def code(self) -> grpc.StatusCode:
         return self._code

@@ -303,10 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrency < 1 or args.rate < 0 or args.burst < 0 or (args.duration <= 0 and args.requests <= 0):
         raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate and --burst >= 0, and --duration or --requests positive")
     try:
-        model_turns(args.model)
+        test = LoadTest(args, load_texts(args.texts))  # reads --model, before any call
     except ValueError as error:
         raise SystemExit(f"nmt-loadtest: {error}") from None
-    report = asyncio.run(LoadTest(args, load_texts(args.texts)).run())
+    report = asyncio.run(test.run())
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
     if args.markdown:

@@ -70,10 +70,11 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         rejected = self.scheduler.refusal() if method in self.methods else None
         if rejected is None:
             return None
+        code, message = status_for(rejected)
         if self.metrics is not None:
             self.metrics.rejected_for(rejected.reason)
-            self.metrics.answered(method.rsplit("/", 1)[-1], status_for(rejected)[0].name, 0.0)
-        return status_for(rejected)
+            self.metrics.answered(method.rsplit("/", 1)[-1], code.name, 0.0)
+        return code, message
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails

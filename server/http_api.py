@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.admission import EarlyAdmission
-from nmt_serve.server.auth import REFUSAL, BearerTokenInterceptor
+from nmt_serve.server.auth import HTTP_REFUSAL, BearerTokenInterceptor
 from nmt_serve.server.http_status import COUNTED_AS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, error_body, error_headers, http_status
 from nmt_serve.server.metrics import TRANSPORT, TRANSPORTS, Metrics
 from nmt_serve.server.service import SERVICE_NAME, TranslationService, Unparsable
@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 TIMEOUT_HEADER = "Request-Timeout"  # seconds; the HTTP counterpart of a gRPC deadline (none: the server's default)
 # The gRPC method each authenticated path stands for (metrics, access log, refusals).
 METHODS = {"/v1/translate": "Translate", "/v1/translate/stream": "TranslateStream", "/v1/models": "ListModels"}
+FULL_NAMES = {method: f"/{SERVICE_NAME}/{method}" for method in (*METHODS.values(), "GetModelInfo")}  # what early admission checks
 MODEL_PATH = "/v1/models/"
 
 
@@ -78,7 +79,7 @@ class HttpApi:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission  # refuses translations at arrival when no place is left, before the body is read
-        self.auth = BearerTokenInterceptor(settings.auth_token, metrics.refused) if settings.auth_token else None
+        self.auth = BearerTokenInterceptor(settings.auth_token) if settings.auth_token else None  # its check only; counted below
 
     def add_routes(self, app: web.Application) -> None:
         app.middlewares.append(self.middleware)
@@ -109,12 +110,12 @@ class HttpApi:
         assert self.auth is not None
         if not self.auth.accepts(request.headers.get("Authorization", "").encode()):
             self.metrics.refused(method, time.perf_counter() - started)
-            raise HttpAbort(grpc.StatusCode.UNAUTHENTICATED.name, REFUSAL.replace("metadata", "header"), counted=True)
+            raise HttpAbort(grpc.StatusCode.UNAUTHENTICATED.name, HTTP_REFUSAL, counted=True)
 
     def _admit(self, method: str) -> None:
         """As the gRPC port's early admission: a translation that finds no place left is refused before its body is read."""
         assert self.admission is not None
-        refused = self.admission.refusal_now(f"/{SERVICE_NAME}/{method}")
+        refused = self.admission.refusal_now(FULL_NAMES[method])
         if refused is not None:
             raise HttpAbort(refused[0].name, refused[1], counted=True)
 

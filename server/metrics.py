@@ -9,6 +9,7 @@ model, server/model_metrics.py), so neither imports prometheus_client.
 from __future__ import annotations
 
 import contextvars
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.exposition import generate_latest
@@ -41,6 +42,9 @@ TRANSPORT: contextvars.ContextVar[str] = contextvars.ContextVar("transport", def
 class Metrics:
     def __init__(self, access_log: AccessLog | None = None) -> None:
         self.access_log = access_log
+        # (method, code, model, transport) -> the request counter's and duration histogram's children: labels() validates
+        # and locks on every call, and every finished call passes through answered() on the event loop.
+        self._request_series: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
         registry = self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
@@ -96,9 +100,13 @@ class Metrics:
     def answered(self, method: str, code: str, seconds: float, texts: int | None = None, model: str = UNATTRIBUTED) -> None:
         """Every finished call passes here (the service, the early refusals, the token and deadline checks):
         counted, and written to the access log when the server keeps one."""
-        transport = TRANSPORT.get()
-        self.requests.labels(method=method, code=code, model=model, transport=transport).inc()
-        self.request_duration.labels(method=method, model=model, transport=transport).observe(seconds)
+        key = (method, code, model, TRANSPORT.get())
+        series = self._request_series.get(key)
+        if series is None:
+            series = self._request_series[key] = (self.requests.labels(method=method, code=code, model=model, transport=key[3]),
+                                                  self.request_duration.labels(method=method, model=model, transport=key[3]))  # fmt: skip
+        series[0].inc()
+        series[1].observe(seconds)
         if self.access_log is not None:
             self.access_log.record(method, code, seconds, texts, model)
 

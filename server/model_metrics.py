@@ -50,9 +50,6 @@ class ModelMetrics:
     def engine_failed(self) -> None:
         self.engine_failures.inc()
 
-    def rejected_for(self, reason: str) -> None:
-        self.metrics.rejected_for(reason, self.model)
-
     def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None:
         if queue_wait_s is not None:
             self.queue_wait.observe(queue_wait_s)
@@ -61,6 +58,3 @@ class ModelMetrics:
         self.input_tokens.observe(input_tokens)
         if output_tokens is not None:
             self.output_tokens.observe(output_tokens)
-
-    def answered(self, method: str, code: str, seconds: float, texts: int | None = None) -> None:
-        self.metrics.answered(method, code, seconds, texts, self.model)
