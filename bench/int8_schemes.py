@@ -29,8 +29,9 @@ from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.torch_step import TorchStep
-from nmt_serve.runtime.manifest import TOKENIZER_FILE, load_model_dir, write_manifest
+from nmt_serve.runtime.manifest import load_model_dir, write_manifest
 from nmt_serve.runtime.ort_step import OrtStep
 
 logger = logging.getLogger(__name__)
@@ -41,11 +42,14 @@ def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in (ENCODER_FILE, DECODER_FILE):
         convert_to_int8(fp32_dir / name, out / name, scheme)
-    shutil.copyfile(fp32_dir / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    # An imported model's target_tokenizer.json comes along: its decoding needs it.
+    tokenizers = tokenizer_files(fp32_dir)
+    for name in tokenizers:
+        shutil.copyfile(fp32_dir / name, out / name)
     fp32 = load_model_dir(fp32_dir)
     manifest = dataclasses.replace(fp32, precision="int8", files={}, parity={},
                                    graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)})  # fmt: skip
-    write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE])
+    write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, *tokenizers])
     return out
 
 

@@ -15,8 +15,17 @@ require_extra("nmt-average", "train", ('torch', 'safetensors'))
 import torch
 from safetensors.torch import load_file
 
-from nmt_serve.model.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
+from nmt_serve.model.checkpoint import (
+    CONFIG_FILE,
+    IMPORT_RECORD_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    load_train_info,
+    save_train_info,
+    save_weights,
+)
 from nmt_serve.model.config import ModelConfig
+from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
@@ -36,11 +45,20 @@ def average_weights(snapshots: Sequence[Path]) -> dict[str, torch.Tensor]:
     return {name: tensor / len(snapshots) for name, tensor in total.items()}
 
 
+def carried_files(checkpoint: Path) -> list[str]:
+    """The files of CHECKPOINT an averaged dir keeps: config and tokenizer always (copying names a missing one),
+    an imported model's target tokenizer and import record when present."""
+    names = [CONFIG_FILE, *dict.fromkeys([TOKENIZER_FILE, *tokenizer_files(checkpoint)])]
+    if (checkpoint / IMPORT_RECORD_FILE).is_file():
+        names.append(IMPORT_RECORD_FILE)
+    return names
+
+
 def write_average(checkpoint: Path, snapshots: Sequence[Path], out: Path) -> None:
-    """`out` becomes a checkpoint dir: CHECKPOINT's config, tokenizer and record, the averaged weights."""
+    """`out` becomes a checkpoint dir: CHECKPOINT's config, tokenizers and records, the averaged weights."""
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() != checkpoint.resolve():
-        for name in (CONFIG_FILE, TOKENIZER_FILE):
+        for name in carried_files(checkpoint):
             shutil.copyfile(checkpoint / name, out / name)
     model = Transformer(ModelConfig.load(checkpoint / CONFIG_FILE))
     model.load_state_dict(average_weights(snapshots))

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nmt_serve.model.config import IMPORT_FIELDS, ModelConfig
+from nmt_serve.model.tokenizer import TOKENIZER_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,6 @@ logger = logging.getLogger(__name__)
 # 4: cross-attention per source (cross K/V and src_mask once per source; source_queries, row_queries).
 FORMAT_VERSION = 4
 MANIFEST_FILE = "manifest.json"
-TOKENIZER_FILE = "tokenizer.json"
 # One closed tuple: nmt-export's --precision choices and manifest validation both read it.
 PRECISIONS = ("fp32", "fp16", "int8")
 # Numpy spellings, so the server can allocate IO-binding buffers with np.dtype(spec.dtype).
@@ -32,7 +32,9 @@ REQUIRED_GRAPHS = ("encoder", "decoder")
 SPECIAL_IDS = ("pad", "bos", "eos", "unk")
 _CHUNK_BYTES = 1 << 20
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_JSON_KINDS = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+# A tuple is an array: write_manifest validates to_dict()'s output, where ModelConfig keeps id lists as tuples.
+_JSON_KINDS = {dict: "object", list: "array", tuple: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+               type(None): "null"}  # fmt: skip
 
 
 class ModelDirError(ValueError):
@@ -296,13 +298,17 @@ def _parse_manifest(raw: Any) -> tuple[Manifest | None, dict[str, str], list[str
 
 def _parse_config(raw: Mapping[str, Any], problems: list[str]) -> ModelConfig | None:
     before = len(problems)
-    kinds = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+    kinds = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "tuple[int, ...]": "array"}
     known = set()
     for f in dataclasses.fields(ModelConfig):
         known.add(f.name)
         # Every size field required: a missing one would silently take a default and mis-size the model.
         if f.name in raw or f.name not in IMPORT_FIELDS:
-            _take(raw, f.name, kinds.get(str(f.type), "any"), problems, "config")
+            value = _take(raw, f.name, kinds.get(str(f.type), "any"), problems, "config")
+            # Id lists item by item: ModelConfig's int(...) raises TypeError on a null, which names no field.
+            if str(f.type) == "tuple[int, ...]" and value is not None:
+                for index, item in enumerate(value):
+                    _expect(item, "integer", f"config.{f.name}[{index}]", problems)
     _reject_unknown(raw, known, "config", problems)
     if len(problems) > before:
         return None

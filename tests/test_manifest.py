@@ -129,6 +129,8 @@ def test_manifest_to_dict_from_dict_round_trip() -> None:
         (lambda raw: raw.update(model_name=""), r"model_name must not be empty"),
         (lambda raw: raw["config"].pop("d_model"), r"config\.d_model missing"),
         (lambda raw: raw["config"].update(n_heads=True), r"config\.n_heads: expected integer, got boolean"),
+        (lambda raw: raw["config"].update(banned_ids=[None]), r"config\.banned_ids\[0\]: expected integer, got null"),
+        (lambda raw: raw["config"].update(banned_ids=5), r"config\.banned_ids: expected array, got integer"),
         (lambda raw: raw["special_ids"].update(eos=5), r"special_ids\.eos 5 does not match config\.eos_id 2"),
         (lambda raw: raw["graphs"]["encoder"]["inputs"][0].update(dtype="int65"), r"graphs\.encoder\.inputs\[0\]\.dtype 'int65'"),
         (lambda raw: raw["graphs"]["decoder"]["outputs"][0].update(shape=["batch", -1]), r"graphs\.decoder\.outputs\[0\]\.shape\[1\]"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,19 @@ def test_average_of_snapshots_is_their_mean(tiny_checkpoint: Path, tmp_path: Pat
         if tensor.is_floating_point():
             torch.testing.assert_close(tensor, ((a[name] + b[name]) / 2).half().float(), rtol=0, atol=0)
     assert averaged.train_info["averaged"] == ["a", "b"]
+
+
+def test_average_keeps_an_imported_checkpoints_target_tokenizer_and_record(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """An imported checkpoint decodes with target_tokenizer.json: an averaged copy without it would decode wrongly."""
+    from nmt_serve.model.average import write_average
+
+    imported = tmp_path / "imported"
+    shutil.copytree(tiny_checkpoint, imported, ignore=shutil.ignore_patterns("snapshots"))
+    shutil.copyfile(imported / "tokenizer.json", imported / "target_tokenizer.json")
+    (imported / "import.json").write_text(json.dumps({"source_language": "de", "target_language": "en"}), encoding="utf-8")
+    write_average(imported, [imported], tmp_path / "avg")
+    for name in ("config.json", "tokenizer.json", "target_tokenizer.json", "import.json"):
+        assert (tmp_path / "avg" / name).read_bytes() == (imported / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("line, expected", [
