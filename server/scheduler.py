@@ -18,6 +18,7 @@ from nmt_serve.server.engine_pool import EnginePool
 from nmt_serve.server.jobs import Job, Outcome
 
 logger = logging.getLogger(__name__)
+ENGINES_JOIN_S = 5.0  # how long stop() waits for the engine workers to finish their step and exit
 
 
 class Rejected(Exception):
@@ -81,7 +82,7 @@ class Scheduler:
         if self._owns_pool:
             self._pool.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = ENGINES_JOIN_S) -> None:
         if self._owns_pool:
             self._pool.stop(timeout_s)
 

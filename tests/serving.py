@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -12,7 +13,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -78,6 +79,59 @@ class RunningServer:
     def stub(self) -> tuple[grpc.Channel, pb_grpc.TranslationServiceStub]:
         channel = grpc.insecure_channel(self.target)
         return channel, pb_grpc.TranslationServiceStub(channel)
+
+
+class StepGate:
+    """Engine steps wait here until let through: `allow(n)` lets n more steps pass, `open()` every one from then on.
+    Tests hold calls in the queue or the batch with it, so what they check does not depend on how fast the CPU steps."""
+
+    MAX_WAIT_S = 30.0  # a test that forgets to open the gate ends slowly instead of hanging
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._allowed = 0
+        self._open = False
+
+    def allow(self, steps: int = 1) -> None:
+        with self._condition:
+            self._allowed += steps
+            self._condition.notify_all()
+
+    def open(self) -> None:
+        with self._condition:
+            self._open = True
+            self._condition.notify_all()
+
+    def pass_through(self) -> None:
+        with self._condition:
+            self._condition.wait_for(lambda: self._open or self._allowed > 0, self.MAX_WAIT_S)
+            if not self._open and self._allowed > 0:
+                self._allowed -= 1
+
+
+@contextlib.contextmanager
+def held_engines(server: RunningServer, models: tuple[str, ...] = ()) -> Iterator[StepGate]:
+    """Every engine step of `models` (default: every model) first passes a StepGate; on exit the gate opens and the
+    engines step freely again."""
+    gate, held = StepGate(), []
+    for model in server.server.models:
+        if models and model.name not in models:
+            continue
+        for engine in model.scheduler.engines:
+            step = engine.step
+
+            def gated(step: Callable[[], None] = step) -> None:
+                gate.pass_through()
+                step()
+
+            engine.step = gated  # type: ignore[method-assign]
+            held.append(engine)
+    try:
+        yield gate
+    finally:
+        gate.open()
+        for engine in held:
+            del engine.step  # the class's own method again
 
 
 def query(port: int, promql: str) -> list[dict]:

@@ -111,6 +111,15 @@ def test_client_spreads_calls_over_every_address_of_its_target() -> None:
     try:
         # One target naming two replicas, as a DNS name of a headless Service resolves to several pods.
         with TranslationClient(f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}") as client:
+            # round_robin picks among the connections that are ready: until both are, the first may take every call,
+            # however fast the host. Then the counts start from zero.
+            for _ in range(200):
+                if all(servicer.calls for servicer in servicers):
+                    break
+                client.translate(["Hund"], timeout=10)
+            assert all(servicer.calls for servicer in servicers), [servicer.calls for servicer in servicers]
+            for servicer in servicers:
+                servicer.calls = 0
             for _ in range(20):
                 client.translate(["Hund"], timeout=10)
     finally:
@@ -118,6 +127,7 @@ def test_client_spreads_calls_over_every_address_of_its_target() -> None:
             server.stop(None)
     assert sum(servicer.calls for servicer in servicers) == 20
     assert all(servicer.calls >= 5 for servicer in servicers), [servicer.calls for servicer in servicers]
+    assert [servicer.calls for servicer in servicers] == [10, 10]  # both ready: the calls alternate
 
 
 @pytest.mark.parametrize("code", [code for code in grpc.StatusCode if code is not grpc.StatusCode.OK], ids=lambda code: code.name)

@@ -7,9 +7,8 @@ import http.client
 import json
 import socket
 import ssl
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,7 +23,7 @@ from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
 from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
 from nmt_serve.server.settings import parse_settings
-from tests.serving import NO_OPENSSL, RunningServer, scrape_until, self_signed_certificate, server_settings, total, wait_for
+from tests.serving import NO_OPENSSL, RunningServer, held_engines, scrape_until, self_signed_certificate, server_settings, total, wait_for
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
 LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a request in the batch for 90 steps
@@ -230,11 +229,22 @@ def test_http_connection_whose_headers_never_complete_is_closed(tiny_model_dir: 
     (shortened here from 75 s) has passed, as it closes idle ones."""
     monkeypatch.setattr(http_server, "KEEPALIVE_S", 1.0)
     with RunningServer(http_settings(tiny_model_dir)) as server:
-        with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=30) as sock:
+        with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=0.3) as sock:
             sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
-            time.sleep(0.5)
-            sock.sendall(b"X-Slow: 1\r\n")
-            assert sock.recv(65536) == b""  # closed with no answer; a socket timeout here would mean it stayed open
+            closed = False
+            for _ in range(20):  # a header line every 0.3 s for up to 6 s: a timer that restarted on each would never fire
+                try:
+                    closed = sock.recv(65536) == b""
+                    if closed:
+                        break
+                    pytest.fail("the server answered a request whose headers never ended")
+                except TimeoutError:
+                    try:
+                        sock.sendall(b"X-Slow: 1\r\n")
+                    except OSError:  # reset: closed between two lines
+                        closed = True
+                        break
+            assert closed  # closed with no answer while the header lines kept coming
 
 
 def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:
@@ -251,34 +261,24 @@ def test_http_bearer_token_is_401_without_it(tiny_model_dir: Path) -> None:
 
 
 def test_http_full_queue_is_429_with_retry_after(tiny_model_dir: Path) -> None:
-    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=2)) as server:
+    """Eight calls against a queue of two, the engines held: the two admitted stay in it, the six others are refused."""
+    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=2)) as server, held_engines(server) as gate:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: call(server, "POST", "/v1/translate", {"texts": GERMAN[:1], "options": LONG}), range(8)))
+            pending = [pool.submit(call, server, "POST", "/v1/translate", {"texts": GERMAN[:1], "options": LONG}) for _ in range(8)]
+            assert wait_for(lambda: sum(future.done() for future in pending) == 6, 30), [future.done() for future in pending]
+            gate.open()
+            answers = [future.result() for future in pending]
     refused = [(json.loads(data)["error"], headers) for status, headers, data in answers if status == 429]
     assert refused, answers
     assert all(error["code"] == "RESOURCE_EXHAUSTED" and headers["Retry-After"] == "1" for error, headers in refused)
-
-
-def hold_engines(server: RunningServer, gate: threading.Event) -> None:
-    """Every engine step waits for `gate`: admitted calls stay in the queue, whatever the CPU's speed."""
-    for model in server.server.models:
-        for engine in model.scheduler.engines:
-            step = engine.step
-
-            def held(step: Callable[[], None] = step) -> None:
-                gate.wait(30)
-                step()
-
-            engine.step = held  # type: ignore[method-assign]
+    assert sorted(status for status, _, _ in answers) == [200] * 2 + [429] * 6
 
 
 @pytest.mark.parametrize(("path", "method"), [("/v1/translate", "Translate"), ("/v1/translate/stream", "TranslateStream")])
 def test_http_full_queue_is_refused_before_the_body_is_read(tiny_model_dir: Path, path: str, method: str) -> None:
     """Headers declaring a body, none of it sent: with no place left the answer is 429 at once; a server that read
     the body first would still be waiting for it."""
-    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=1)) as server:
-        gate = threading.Event()
-        hold_engines(server, gate)
+    with RunningServer(http_settings(tiny_model_dir, max_queued_requests=1)) as server, held_engines(server) as gate:
         channel, stub = server.stub()
         with channel:
             holder = stub.Translate.future(pb.TranslateRequest(texts=GERMAN[:1]), timeout=60)
@@ -291,7 +291,7 @@ def test_http_full_queue_is_refused_before_the_body_is_read(tiny_model_dir: Path
             response = connection.getresponse()
             status, error = response.status, json.loads(response.read())["error"]
             connection.close()
-            gate.set()
+            gate.open()
             assert holder.result().translations  # the admitted call is served once the engines go on
         samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_rejected_total", reason="queue_full") >= 1)
     assert (status, error["code"]) == (429, "RESOURCE_EXHAUSTED") and "queue full" in error["message"]
@@ -333,8 +333,7 @@ def test_http_port_speaks_tls_only_when_the_grpc_port_does(tiny_model_dir: Path,
 
 def test_http_warming_up_is_503_and_not_ready(tiny_model_dir: Path) -> None:
     with RunningServer(http_settings(tiny_model_dir), hold_warm_up=True) as server:
-        while server.server.http is None or not server.server.http.port:
-            time.sleep(0.01)
+        assert wait_for(lambda: server.server.http is not None and server.server.http.port, 30)
         assert call(server, "GET", "/healthz")[0] == 200 and call(server, "GET", "/readyz")[0] == 503
         status, error, headers = error_of(server, "/v1/translate", {"texts": GERMAN})
         assert (status, error["code"], headers["Retry-After"]) == (503, "UNAVAILABLE", "1")
@@ -344,19 +343,17 @@ def test_http_warming_up_is_503_and_not_ready(tiny_model_dir: Path) -> None:
 
 def test_http_draining_is_503(tiny_model_dir: Path) -> None:
     with RunningServer(http_settings(tiny_model_dir, grace_s=10.0)) as server:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool, held_engines(server) as gate:
             held = pool.submit(call, server, "POST", "/v1/translate", {"texts": GERMAN[:1], "options": LONG})
-            while not server.server.scheduler.in_flight:
-                time.sleep(0.005)
+            assert wait_for(lambda: server.server.scheduler.in_flight == 1, 30)  # held in the queue until the gate opens
             server.server.request_stop()  # the drain waits for the call in flight, refusing new ones meanwhile
-            while not server.server.scheduler.draining:
-                time.sleep(0.005)
+            assert wait_for(lambda: server.server.scheduler.draining, 30)
             status, error, _ = error_of(server, "/v1/translate", {"texts": GERMAN[:1]})
             assert (status, error["code"]) == (503, "UNAVAILABLE") and call(server, "GET", "/readyz")[0] == 503
+            gate.open()
             assert held.result()[0] == 200  # the call in flight finished within the drain
         port = server.server.http.port
-        while server.is_running():
-            time.sleep(0.01)
+        assert wait_for(lambda: not server.is_running(), 30)
         with pytest.raises(ConnectionRefusedError):  # the drain closed the HTTP port with the gRPC one
             socket.create_connection(("127.0.0.1", port), timeout=5)
 
@@ -367,16 +364,24 @@ def test_http_draining_is_503(tiny_model_dir: Path) -> None:
 def test_http_cancelled_stream_frees_its_engine_rows(running: RunningServer) -> None:
     """Mirrors test_service_cancelled_stream_leaves_the_batch: the client closes the connection after the first event."""
     scheduler = running.server.scheduler
-    with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
+    with held_engines(running) as gate, socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
         body = json.dumps({"text": GERMAN[0], "options": LONG}).encode()
         sock.sendall(b"POST /v1/translate/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
         received = b""
-        while b"data: " not in received:  # decoding has started (the headers may come in a packet of their own)
-            chunk = sock.recv(65536)
+        sock.settimeout(0.5)
+        for _ in range(60):  # one engine step at a time until decoding has produced a first event
+            gate.allow(1)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
             assert chunk, received
             received += chunk
-        assert scheduler.running == 1
+            if b"data: " in received:
+                break
+        assert b"data: " in received, received
+        assert scheduler.running == 1  # a few of its 90 steps done, no step let through since: still in the batch
     deadline = time.monotonic() + 5
     while (scheduler.running or scheduler.queue_depth) and time.monotonic() < deadline:
         time.sleep(0.01)

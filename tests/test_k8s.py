@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import re
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import yaml
 
 from nmt_serve.server.main import DRAIN_QUIET_MAX_S, OVERALL
 from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.scheduler import Scheduler
+from nmt_serve.server.scheduler import ENGINES_JOIN_S
 from nmt_serve.server.service import SERVICE_NAME
 from nmt_serve.server.settings import ServerSettings, env_name, parse_settings
 
@@ -58,6 +57,12 @@ def one(documents: list[dict], kind: str) -> dict:
 def container(documents: list[dict]) -> dict:
     (server,) = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"]
     return server
+
+
+def configured_drain_s(settings: ServerSettings) -> float:
+    """The longest a SIGTERM drain can last by its settings (health NOT_SERVING, then the port closed, throughout):
+    the grace period, the quiet wait's cap and the engine workers' join."""
+    return settings.grace_s + DRAIN_QUIET_MAX_S + ENGINES_JOIN_S
 
 
 def settings_of(documents: list[dict]) -> ServerSettings:
@@ -106,9 +111,7 @@ def test_k8s_termination_grace_outlasts_prestop_and_drain(rendered: dict[str, li
     pod = one(rendered[overlay], "Deployment")["spec"]["template"]["spec"]
     command = container(rendered[overlay])["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    engines_join_s = inspect.signature(Scheduler.stop).parameters["timeout_s"].default
-    drain_s = settings_of(rendered[overlay]).grace_s + DRAIN_QUIET_MAX_S + engines_join_s
-    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain_s
+    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + configured_drain_s(settings_of(rendered[overlay]))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -117,8 +120,7 @@ def test_k8s_liveness_never_restarts_a_draining_replica(rendered: dict[str, list
     # Arithmetic on configured values, nothing is run or timed: the first failed probe can come just after health
     # turns NOT_SERVING, and a restart needs failureThreshold failures in a row, periodSeconds apart.
     configured_probe_window_s = (liveness["failureThreshold"] - 1) * liveness["periodSeconds"]
-    configured_drain_s = settings_of(rendered[overlay]).grace_s + DRAIN_QUIET_MAX_S  # --grace-s plus the drain's quiet wait cap
-    assert configured_probe_window_s > configured_drain_s
+    assert configured_probe_window_s > configured_drain_s(settings_of(rendered[overlay]))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from nmt_serve.server.main import main as serve_main
 from nmt_serve.server.models import ModelSetError
 from nmt_serve.server.service import SERVICE_NAME
 from nmt_serve.server.settings import parse_settings
-from tests.serving import RunningServer, scrape_until, server_settings, total
+from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
 
 SECOND = "fr-en-tiny"
 # Decodes 90 steps whatever the model says (the tiny model has 96 positions): keeps its engine busy.
@@ -140,15 +139,18 @@ def test_metrics_carry_the_model_of_each_call(two_models: RunningServer, first: 
 def test_a_flooded_model_does_not_starve_another(two_models: RunningServer, first: str) -> None:
     """The flooded model fills its queue with long requests; the other model's requests still finish first."""
     channel, stub = two_models.stub()
-    flooded = two_models.server.models.resolve(first).scheduler
-    with channel:
+    flooded, other = (two_models.server.models.resolve(name).scheduler for name in (first, SECOND))
+    # The flooded model's engines are held until every call is in, so both models start from the same point however
+    # fast this CPU steps; from then on the workers take the models in turn (server/engine_pool.py).
+    with channel, held_engines(two_models, models=(first,)) as gate:
         backlog = [stub.Translate.future(pb.TranslateRequest(texts=["Ich sehe den Hund."], options=LONG), timeout=120) for _ in range(FLOOD)]
-        while flooded.in_flight < FLOOD and not any(future.done() for future in backlog):
-            time.sleep(0.001)
+        assert wait_for(lambda: flooded.in_flight == FLOOD, 30)
         with pytest.raises(grpc.RpcError) as caught:  # its queue is full ...
             stub.Translate(pb.TranslateRequest(texts=["Hund."]), timeout=30)
         # ... while the other model admits and answers.
         others = [stub.Translate.future(pb.TranslateRequest(texts=["Ich sehe den Hund."], model=SECOND), timeout=60) for _ in range(3)]
+        assert wait_for(lambda: other.in_flight + sum(future.done() for future in others) >= 3, 30)
+        gate.open()
         answers = [future.result() for future in others]
         finished_before = sum(future.done() for future in backlog)
         assert all(future.result().translations for future in backlog)
