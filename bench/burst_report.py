@@ -16,13 +16,12 @@ import logging
 import statistics
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt_serve.bench.load_report import ROOT, ServerProcess, load
-from nmt_serve.bench.report import write_report
+from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.client.loadtest import percentiles
 
 logger = logging.getLogger("nmt-burst-report")
@@ -41,13 +40,13 @@ class Contender:
 
 def one_burst(target: str, size: int, texts: Path | None) -> dict[str, float]:
     test = load(target, texts, "--burst", str(size), "--timeout", "60")
-    asyncio.run(test.run())
+    report = asyncio.run(test.run())
+    # The report's own rejection percentiles cover RESOURCE_EXHAUSTED only; the token server refuses UNAUTHENTICATED.
     refused = percentiles([outcome.latency_s for outcome in test.outcomes if outcome.code in REFUSALS])
-    admitted = percentiles([outcome.latency_s for outcome in test.outcomes if outcome.code == "OK"])
-    codes = Counter(outcome.code for outcome in test.outcomes)
+    codes = report.codes
     return {"refused_p50": refused.get("p50", float("nan")), "refused_p99": refused.get("p99", float("nan")),
-            "admitted_p99": admitted.get("p99", float("nan")), "refused": sum(codes[code] for code in REFUSALS), "ok": codes["OK"],
-            "other": sum(count for code, count in codes.items() if code not in (*REFUSALS, "OK"))}  # fmt: skip
+            "admitted_p99": report.latency_s.get("p99", float("nan")), "refused": sum(codes.get(code, 0) for code in REFUSALS),
+            "ok": codes.get("OK", 0), "other": sum(count for code, count in codes.items() if code not in (*REFUSALS, "OK"))}  # fmt: skip
 
 
 def closed_loop(target: str, concurrency: int, seconds: float, texts: Path | None) -> float:
@@ -96,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         serve_flags = ("--http-port", "0", "--max-queued-requests", str(args.max_queued_requests))
         contenders = [Contender("grpcio alone: every call refused in a bare handler (the floor)",
-                                ServerProcess.of_module("nmt_serve.bench.refusing_server", work)),
+                                ServerProcess(None, work, module="nmt_serve.bench.refusing_server")),
                       Contender("nmt-serve, every call refused for its token (UNAUTHENTICATED)",
                                 ServerProcess(args.model, work, *serve_flags, "--auth-token", TOKEN))]  # fmt: skip
         contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {value}",
@@ -104,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        for value in args.niceness.split(",")]  # fmt: skip
         try:
             for round_index in range(args.rounds):
-                for contender in contenders[round_index % len(contenders):] + contenders[: round_index % len(contenders)]:
+                for contender in rotated(contenders, round_index):
                     time.sleep(args.pause)
                     contender.bursts.append(one_burst(contender.server.target, args.burst, args.texts))
                     logger.info("round %d, %s: %s", round_index + 1, contender.name, contender.bursts[-1])

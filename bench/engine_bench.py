@@ -19,7 +19,7 @@ require_extra("nmt-bench", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.matmul_ceiling import MatmulCeiling
 from nmt_serve.bench.open_loop import run_open_loop
 from nmt_serve.bench.random_model import build_random_checkpoint
-from nmt_serve.bench.report import write_report
+from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem, add_cell_arguments, cells_from
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
@@ -55,8 +55,7 @@ def time_cells(systems: list[System], sources: list[list[int]], cells: list[Cell
         for system in systems:
             system.run(batch, cell)  # warm-up: allocations and caches at this shape
         for repeat in range(repeats):
-            order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
-            for system in order:
+            for system in rotated(systems, repeat):
                 started = time.perf_counter()
                 tokens = system.run(batch, cell)
                 results.setdefault((cell, system.name), []).append(tokens / (time.perf_counter() - started))

@@ -29,19 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerProcess:
-    """One `python -m nmt_serve.server.main` process on free loopback ports (or, through `of_module`, another server
-    module that takes --port and --port-file)."""
+    """One server process on free loopback ports: `python -m nmt_serve.server.main MODEL_DIR`, or another server
+    `module` that takes --port and --port-file (no model dir)."""
 
-    def __init__(self, model_dir: Path, work: Path, *flags: str) -> None:
-        self._start(["-m", "nmt_serve.server.main", str(model_dir), "--metrics-port", "-1", *flags], work)
-
-    @classmethod
-    def of_module(cls, module: str, work: Path, *flags: str) -> ServerProcess:
-        server = cls.__new__(cls)
-        server._start(["-m", module, *flags], work)
-        return server
-
-    def _start(self, arguments: list[str], work: Path) -> None:
+    def __init__(self, model_dir: Path | None, work: Path, *flags: str, module: str = "nmt_serve.server.main") -> None:
+        arguments = ["-m", module, *([str(model_dir), "--metrics-port", "-1"] if model_dir is not None else []), *flags]
         port_file = work / f"port-{time.monotonic_ns()}"
         self.log = work / f"{port_file.name}.log"
         self.process = subprocess.Popen([sys.executable, *arguments, "--port", "0", "--port-file", str(port_file)],
@@ -49,7 +41,7 @@ class ServerProcess:
         deadline = time.monotonic() + 120
         while not (port_file.exists() and port_file.read_text()):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{arguments[1]} did not start: {self.log.read_text()}")
+                raise RuntimeError(f"{module} did not start: {self.log.read_text()}")
             time.sleep(0.05)
         self.target = f"127.0.0.1:{port_file.read_text()}"
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nmt_serve.bench.report import rotated
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.server.engine import Engine
 from nmt_serve.server.jobs import EngineLimits, Job
@@ -188,8 +189,7 @@ def replay_modes(runtime: Runtime, sources: Sequence[list[int]], rate: float, du
     runs: dict[str, list[Run]] = {name: [] for name in modes}
     for round_number in range(repeats):
         arrivals = poisson_arrivals(sources, rate, duration_s, seed=round_number)
-        names = list(modes)
-        for name in names[round_number % len(names) :] + names[: round_number % len(names)]:
+        for name in rotated(list(modes), round_number):
             runs[name].append(drive(runtime, arrivals, **modes[name]))
     return {name: median_run(mode_runs) for name, mode_runs in runs.items()}
 

@@ -8,8 +8,18 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from nmt_serve.runtime.host import cpu_facts, describe_cpu
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], shift: int) -> list[T]:
+    """`items` starting at index shift (modulo their count): interleaved runs take their contenders in a rotated order
+    each round, so that a drift of the machine hits all of them alike."""
+    start = shift % len(items)
+    return [*items[start:], *items[:start]]
 
 
 def write_report(title: str, program: str, argv: Sequence[str] | None, sections: Sequence[str], out: Path) -> str:
