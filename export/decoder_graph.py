@@ -35,6 +35,7 @@ positions share a call without a past mask or padding.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -49,13 +50,22 @@ CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]
 CANDIDATE_OUTPUTS = ["candidate_log_probs", "candidate_ids"]
 
 
+# model/transformer.py's ACTIVATION_FUNCTIONS as ONNX nodes: (graph, input, node name prefix) -> output.
+ACTIVATION_WRITERS: dict[str, Callable[[GraphWriter, str, str], str]] = {
+    "relu": lambda graph, x, name: graph.op("Relu", [x], f"{name}.relu"),
+    # x * sigmoid(x); ONNX Runtime's optimizer fuses the pair
+    "swish": lambda graph, x, name: graph.op("Mul", [x, graph.op("Sigmoid", [x], f"{name}.sigmoid")], f"{name}.swish"),
+    # the exact (erf) GELU, as torch's F.gelu default
+    "gelu": lambda graph, x, name: graph.op("Gelu", [x], f"{name}.gelu", CONTRIB_DOMAIN),
+}
+
+
 def write_activation(graph: GraphWriter, x: str, activation: str, name: str) -> str:
-    """The FFN activation of model/transformer.py's ACTIVATION_FUNCTIONS, as ONNX nodes."""
-    if activation == "swish":  # x * sigmoid(x); ONNX Runtime's optimizer fuses the pair
-        return graph.op("Mul", [x, graph.op("Sigmoid", [x], f"{name}.sigmoid")], f"{name}.swish")
-    if activation == "gelu":  # the exact (erf) GELU, as torch's F.gelu default
-        return graph.op("Gelu", [x], f"{name}.gelu", CONTRIB_DOMAIN)
-    return graph.op("Relu", [x], f"{name}.relu")
+    """The FFN activation as ONNX nodes; an activation without a writer is refused, never exported as another."""
+    writer = ACTIVATION_WRITERS.get(activation)
+    if writer is None:
+        raise ValueError(f"no ONNX form for FFN activation {activation!r}; known: {', '.join(ACTIVATION_WRITERS)}")
+    return writer(graph, x, name)
 
 
 def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int, activation: str) -> str:

@@ -10,10 +10,14 @@ import numpy as np
 import onnx
 import pytest
 
+from nmt_serve.export.decoder_graph import ACTIVATION_WRITERS, write_activation
+from nmt_serve.export.graph_writer import GraphWriter
 from nmt_serve.export.onnx_export import main as export_main
 from nmt_serve.export.parity import run_parity
 from nmt_serve.model.checkpoint import load_checkpoint
+from nmt_serve.model.config import ACTIVATIONS
 from nmt_serve.model.torch_step import TorchStep
+from nmt_serve.model.transformer import ACTIVATION_FUNCTIONS
 from nmt_serve.runtime import step_cache
 from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
@@ -38,6 +42,18 @@ def begin_both(model_dir: Path, checkpoint: Path, sources: list[list[int]]) -> t
     for step in (torch_step, ort_step):
         step.begin(sources)
     return torch_step, ort_step
+
+
+def test_graph_writer_knows_exactly_the_configs_activations() -> None:
+    """An activation the config accepts but the graph writer lacks would fail only at export of such a model."""
+    assert set(ACTIVATION_WRITERS) == set(ACTIVATIONS) == set(ACTIVATION_FUNCTIONS)
+
+
+def test_write_activation_refuses_an_unknown_activation() -> None:
+    graph = GraphWriter()
+    with pytest.raises(ValueError, match="'tanh'"):
+        write_activation(graph, "x", "tanh", "layer0.ffn")
+    assert graph.nodes == []
 
 
 def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
