@@ -31,6 +31,7 @@ from nmt_serve.bench.random_marian import OPUS_MT_SHAPE, OPUS_MT_VOCAB, build_ma
 from nmt_serve.bench.report import write_report  # noqa: E402
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, add_cell_arguments, cells_from  # noqa: E402
 from nmt_serve.model.corpus import write_tsv  # noqa: E402
+from nmt_serve.model.padding import pad_sources  # noqa: E402
 from nmt_serve.model.tokenizer import Tokenizer  # noqa: E402
 from nmt_serve.runtime.manifest import load_model_dir  # noqa: E402
 
@@ -51,13 +52,11 @@ class TransformersSystem:
         self.name = "transformers fp32"
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
-        width = max(len(source) for source in sources) + 1
-        ids = torch.full((len(sources), width), self.pad_id, dtype=torch.long)
-        for row, source in enumerate(sources):
-            ids[row, : len(source) + 1] = torch.tensor([*source, self.model.config.eos_token_id])
+        # Marian's source layout (tokens, then </s>, right-padded), as our engine and nmt-import's parity check feed it.
+        ids, mask = pad_sources(sources, self.pad_id, self.model.config.eos_token_id)
         with torch.no_grad():
-            output = self.model.generate(input_ids=ids, attention_mask=(ids != self.pad_id).long(), num_beams=cell.beam, do_sample=False,
-                                         min_new_tokens=cell.length, max_new_tokens=cell.length, early_stopping=True)  # fmt: skip
+            output = self.model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long(), num_beams=cell.beam,
+                                         do_sample=False, min_new_tokens=cell.length, max_new_tokens=cell.length, early_stopping=True)  # fmt: skip
         return (output.shape[1] - 1) * len(sources)  # the decoder start token is not generated
 
 
