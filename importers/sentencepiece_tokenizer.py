@@ -26,9 +26,9 @@ from nmt_serve.model.tokenizer import Tokenizer
 SPACE = "\u2581"  # SentencePiece's visible space
 # Never chosen: far below any real piece's log-probability, still finite for the Viterbi sums.
 UNUSED_SCORE = -1e9
-# The SentencePiece piece types (sentencepiece_model.proto) a Marian source model may hold.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE, UNUSED = 1, 2, 3, 4, 6, 5
-UNIGRAM = 1
+# sentencepiece_model.proto's piece types (NORMAL, USER_DEFINED, BYTE, ...) and model types, as the library numbers them.
+PIECE_TYPE = sentencepiece_model_pb2.ModelProto.SentencePiece
+UNIGRAM = sentencepiece_model_pb2.TrainerSpec.UNIGRAM
 
 
 class TokenizerImportError(ValueError):
@@ -62,7 +62,7 @@ def check_model(proto: sentencepiece_model_pb2.ModelProto, path: Path) -> None:
         problems.append("normalizer_spec.escape_whitespaces false")
     if normalizer.normalization_rule_tsv:
         problems.append("normalizer_spec.normalization_rule_tsv (custom rules)")
-    user_defined = [piece.piece for piece in proto.pieces if piece.type in (USER_DEFINED, BYTE)]
+    user_defined = [piece.piece for piece in proto.pieces if piece.type in (PIECE_TYPE.USER_DEFINED, PIECE_TYPE.BYTE)]
     if user_defined:
         problems.append(f"{len(user_defined)} user-defined or byte pieces, e.g. {user_defined[0][:40]!r}")
     if problems:
@@ -106,7 +106,7 @@ def language_codes(vocab: Mapping[str, int]) -> list[str]:
 
 
 def source_backend(proto: sentencepiece_model_pb2.ModelProto, vocab: Mapping[str, int], unk_token: str) -> HFTokenizer:
-    scores = {piece.piece: piece.score for piece in proto.pieces if piece.type == NORMAL}
+    scores = {piece.piece: piece.score for piece in proto.pieces if piece.type == PIECE_TYPE.NORMAL}
     codes = set(language_codes(vocab))
     entries = [(unmatchable(token_id), UNUSED_SCORE) for token_id in range(len(vocab))]
     for token, token_id in vocab.items():
@@ -138,7 +138,7 @@ def convert_marian_tokenizer(source_spm: Path, vocab: Mapping[str, int], vocab_p
     size = check_vocab(vocab, vocab_path, specials)
     proto = read_model(source_spm)
     check_model(proto, source_spm)
-    missing = [piece.piece for piece in proto.pieces if piece.type == NORMAL and piece.piece not in vocab]
+    missing = [piece.piece for piece in proto.pieces if piece.type == PIECE_TYPE.NORMAL and piece.piece not in vocab]
     if missing:
         # MarianTokenizer numbers such a piece <unk>; one Unigram entry cannot be two ids, so refuse it.
         raise TokenizerImportError(f"{source_spm}: {len(missing)} pieces are not in {vocab_path.name}, e.g. {missing[0][:40]!r}")
