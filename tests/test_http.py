@@ -15,13 +15,14 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from nmt_serve.client.http_caller import TRANSPORT_CODES, HttpCallError
 from nmt_serve.client.loadtest import SAMPLE_TEXTS
 from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server import http_server
 from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
 from nmt_serve.server.http_schema import openapi_document
-from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
+from nmt_serve.server.http_status import COUNTED_AS, HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
 from nmt_serve.server.settings import parse_settings
 from tests.serving import NO_OPENSSL, RunningServer, held_engines, scrape_until, self_signed_certificate, server_settings, total, wait_for
 
@@ -140,6 +141,12 @@ def test_http_port_flag_defaults_to_8000_and_names_its_range() -> None:
 
 
 # ---------------------------------------------------------------- the status table, row by row
+
+
+def test_http_client_counts_the_transport_codes_as_the_server_does() -> None:
+    assert TRANSPORT_CODES == COUNTED_AS
+    assert HttpCallError(REQUEST_TIMEOUT, "slow body").code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert HttpCallError(PAYLOAD_TOO_LARGE, "big body").code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_http_status_table_maps_each_code_once() -> None:
