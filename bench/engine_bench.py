@@ -23,7 +23,7 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem, add_cell_arguments, cells_from
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
-from nmt_serve.server.jobs import StepProfile
+from nmt_serve.server.engine.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 

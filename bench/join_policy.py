@@ -21,7 +21,7 @@ require_extra("nmt-join-policy", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.engine_bench import sample_sources
 from nmt_serve.bench.open_loop import SERVER_JOINS, Run, drive, median_run, poisson_arrivals
 from nmt_serve.bench.report import write_report
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 

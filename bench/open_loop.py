@@ -29,11 +29,11 @@ from typing import Any
 
 from nmt_serve.bench.report import rotated
 from nmt_serve.model.search import SearchOptions
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.jobs import EngineLimits, Job
-from nmt_serve.server.runtime import Runtime
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.jobs import EngineLimits, Job
+from nmt_serve.server.engine.sessions import Runtime
+from nmt_serve.server.engine.workers import plan_workers
 from nmt_serve.server.settings import ServerSettings
-from nmt_serve.server.workers import plan_workers
 
 logger = logging.getLogger(__name__)
 

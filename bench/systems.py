@@ -16,11 +16,11 @@ import torch
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.search import SearchOptions, generate
 from nmt_serve.model.torch_step import TorchStep
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.jobs import EngineLimits, StepProfile
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
-from nmt_serve.server.scheduler import least_loaded
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.jobs import EngineLimits, StepProfile
+from nmt_serve.server.engine.scheduler import least_loaded
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from nmt_serve.server.models.metrics import Metrics
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""nmt-workers-report: server throughput by replicas x engines x ONNX Runtime threads (server/workers.py), on real nmt-serve processes.
+"""nmt-workers-report: server throughput by replicas x engines x ONNX Runtime threads (server/engine/workers.py), on nmt-serve processes.
 
 Every round starts each configuration in turn (interleaved, so a drift of the machine hits all of
 them alike) and drives it with nmt-loadtest in closed loop at each load; the table has the medians

@@ -19,18 +19,18 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from nmt_serve.runtime.manifest import ModelDirError
 from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.runtime.self_check import SelfCheckError
-from nmt_serve.server.access_log import AccessLog
-from nmt_serve.server.admission import EarlyAdmission
-from nmt_serve.server.arrivals import ArrivalClock
-from nmt_serve.server.auth import REFLECTION_V1, BearerTokenInterceptor
-from nmt_serve.server.drain import stop_accepting
-from nmt_serve.server.http_server import HttpServer
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.models import HostCheckRefused, ModelSetError, load_models
-from nmt_serve.server.request_deadline import RequestDeadline
-from nmt_serve.server.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
+from nmt_serve.server.api.admission import EarlyAdmission
+from nmt_serve.server.api.arrivals import ArrivalClock
+from nmt_serve.server.api.auth import REFLECTION_V1, BearerTokenInterceptor
+from nmt_serve.server.api.drain import stop_accepting
+from nmt_serve.server.api.http_server import HttpServer
+from nmt_serve.server.api.request_deadline import RequestDeadline
+from nmt_serve.server.api.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
+from nmt_serve.server.engine.workers import available_cores, plan_workers
+from nmt_serve.server.models.access_log import AccessLog
+from nmt_serve.server.models.metrics import Metrics
+from nmt_serve.server.models.registry import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.settings import ServerSettings, parse_settings
-from nmt_serve.server.workers import available_cores, plan_workers
 
 logger = logging.getLogger("nmt-serve")
 
@@ -147,7 +147,7 @@ class Server:
         self.serving.clear()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.settings.drain_settle_s > 0:
-            # Behind a balancer: it moves away on NOT_SERVING or on a refused connection (server/drain.py), and calls it
+            # Behind a balancer: it moves away on NOT_SERVING or on a refused connection (server/api/drain.py), and calls it
             # sent before it did are served, where an UNAVAILABLE would reach a client that does not retry.
             closed = await stop_accepting(self.port)
             logger.info("port %d refuses new connections (%d listener(s) closed); serving calls on open connections for %.3g s",
@@ -160,9 +160,9 @@ class Server:
         deadline = loop.time() + self.settings.grace_s
         while self.scheduler.in_flight and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        # Calls grpc core holds unhanded when the server stops end CANCELLED (see server/arrivals.py): stop at a
+        # Calls grpc core holds unhanded when the server stops end CANCELLED (see server/api/arrivals.py): stop at a
         # quiet moment, when the handlers have answered every call that arrived.
-        # Refusals are held meanwhile and answered together just before the stop (server/admission.py): clients that
+        # Refusals are held meanwhile and answered together just before the stop (server/api/admission.py): clients that
         # back off after an UNAVAILABLE are then all backing off. Six SIGTERMs under 16 clients backing off 0.1 s
         # gave CANCELLED in 1 of 6 without the hold (bench/results/load.md).
         quiet_until = min(deadline, loop.time() + DRAIN_QUIET_MAX_S)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_serve.runtime.manifest import MANIFEST_FILE
-from nmt_serve.server.engine_pool import DEFAULT_WORKER_NICENESS
+from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
@@ -41,7 +41,7 @@ class ServerSettings:
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
-    max_rows: int = 0  # rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU (server/workers.py)
+    max_rows: int = 0  # rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU (server/engine/workers.py)
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V, per engine
     # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
     # steps (0 = every step). Open loop, int8, one core (bench/results/join_policy.md): p99 0.273 -> 0.253 s
@@ -52,16 +52,17 @@ class ServerSettings:
     # The longest any call lives, whatever the client sends: longer client deadlines are cut to it, and a request
     # message that has not arrived by then (a stalled or cut-short stream) is answered DEADLINE_EXCEEDED.
     max_deadline_s: float = 60.0
-    engines: int = 0  # engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU (server/workers.py)
+    # Engines stepping their own batches in parallel; 0 = one per core on a CPU (up to 4), one on a GPU (server/engine/workers.py).
+    engines: int = 0
     threads: int = 0  # ONNX Runtime intra-op threads per session; 0 = the cores shared out among the engines
     # Added to the engine worker threads' nice value, so that the event loop taking calls in and answering them wins the
-    # cores from the compute when both want them (server/engine_pool.py); 0 = the server's own priority.
+    # cores from the compute when both want them (server/engine/engine_pool.py); 0 = the server's own priority.
     worker_niceness: int = DEFAULT_WORKER_NICENESS
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
     # Lifecycle and security.
     grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
     # SIGTERM: after health NOT_SERVING and the port stops accepting connections, calls on open connections are still
-    # served this long before new ones are refused, so that a balancer moves to other replicas first (server/drain.py).
+    # served this long before new ones are refused, so that a balancer moves to other replicas first (server/api/drain.py).
     drain_settle_s: float = 0.0
     # A connection older than this gets GOAWAY (gRPC's max connection age, +-10% jitter) and the client reconnects,
     # re-resolving the server's name: long-lived clients then reach replicas added since. 0 = connections live on.

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.service import SERVICE_NAME
+from nmt_serve.server.api.service import SERVICE_NAME
 from tests.raw_http2 import END_HEADERS, HEADERS, call, frame, request_headers
 from tests.serving import RunningServer, scrape_until, server_settings, total, wait_for
 

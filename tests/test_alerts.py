@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nmt_serve.server.metrics import Metrics
+from nmt_serve.server.models.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

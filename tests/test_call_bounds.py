@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.service import SERVICE_NAME
+from nmt_serve.server.api.service import SERVICE_NAME
 from tests.raw_http2 import DATA, END_HEADERS, END_STREAM, HEADERS, call, frame, grpc_message, request_headers
 from tests.serving import RunningServer, server_settings
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from nmt_serve.model.search import Hypothesis, SearchOptions, generate
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH, StepCache
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.jobs import EngineLimits, Job, Outcome
-from nmt_serve.server.row_placement import place_rows_numpy, place_rows_python
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome
+from nmt_serve.server.engine.row_placement import place_rows_numpy, place_rows_python
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 SOURCES = [[5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]]
 GREEDY_LONG = SearchOptions(beam_size=1, min_output_tokens=8, max_output_tokens=14)

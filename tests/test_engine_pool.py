@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from nmt_serve.server.engine_pool import DEFAULT_WORKER_NICENESS, EnginePool
+from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS, EnginePool
 from nmt_serve.server.settings import ServerSettings
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.runtime.ort_step import available_providers
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,10 +19,10 @@ from nmt_serve.client.http_caller import TRANSPORT_CODES, HttpCallError
 from nmt_serve.client.loadtest import SAMPLE_TEXTS
 from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server import http_server
-from nmt_serve.server.http_api import TIMEOUT_HEADER, to_json
-from nmt_serve.server.http_schema import openapi_document
-from nmt_serve.server.http_status import COUNTED_AS, HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
+from nmt_serve.server.api import http_server
+from nmt_serve.server.api.http_api import TIMEOUT_HEADER, to_json
+from nmt_serve.server.api.http_schema import openapi_document
+from nmt_serve.server.api.http_status import COUNTED_AS, HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, http_status
 from nmt_serve.server.settings import parse_settings
 from tests.serving import NO_OPENSSL, RunningServer, held_engines, scrape_until, self_signed_certificate, server_settings, total, wait_for
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nmt_serve.server.api.service import SERVICE_NAME
+from nmt_serve.server.engine.scheduler import ENGINES_JOIN_S
 from nmt_serve.server.main import DRAIN_QUIET_MAX_S, OVERALL
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.scheduler import ENGINES_JOIN_S
-from nmt_serve.server.service import SERVICE_NAME
+from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.settings import ServerSettings, env_name, parse_settings
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed (pip install -e '.[dev]')")

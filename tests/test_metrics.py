@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
+from nmt_serve.server.models.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
 from nmt_serve.server.settings import ServerSettings
 from tests.serving import RunningServer, Samples, scrape_until, server_settings, total
 

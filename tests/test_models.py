@@ -19,10 +19,10 @@ from nmt_serve.client.loadtest import SAMPLE_TEXTS, model_turns
 from nmt_serve.client.loadtest import main as loadtest_main
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.runtime.manifest import load_model_dir, write_manifest
+from nmt_serve.server.api.service import SERVICE_NAME
 from nmt_serve.server.main import Server
 from nmt_serve.server.main import main as serve_main
-from nmt_serve.server.models import ModelSetError
-from nmt_serve.server.service import SERVICE_NAME
+from nmt_serve.server.models.registry import ModelSetError
 from nmt_serve.server.settings import parse_settings
 from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
 
@@ -141,7 +141,7 @@ def test_a_flooded_model_does_not_starve_another(two_models: RunningServer, firs
     channel, stub = two_models.stub()
     flooded, other = (two_models.server.models.resolve(name).scheduler for name in (first, SECOND))
     # The flooded model's engines are held until every call is in, so both models start from the same point however
-    # fast this CPU steps; from then on the workers take the models in turn (server/engine_pool.py).
+    # fast this CPU steps; from then on the workers take the models in turn (server/engine/engine_pool.py).
     with channel, held_engines(two_models, models=(first,)) as gate:
         backlog = [stub.Translate.future(pb.TranslateRequest(texts=["Ich sehe den Hund."], options=LONG), timeout=120) for _ in range(FLOOD)]
         assert wait_for(lambda: flooded.in_flight == FLOOD, 30)

@@ -12,10 +12,10 @@ import pytest
 
 from nmt_serve.model.search import Hypothesis, SearchOptions, generate
 from nmt_serve.runtime.ort_step import OrtStep
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.jobs import Outcome
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
-from nmt_serve.server.scheduler import QueueLimits, Rejected, RequestFailed, Scheduler
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.jobs import Outcome
+from nmt_serve.server.engine.scheduler import QueueLimits, Rejected, RequestFailed, Scheduler
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 GREEDY = SearchOptions(beam_size=1, min_output_tokens=6, max_output_tokens=10)
 BEAM = SearchOptions(beam_size=3, min_output_tokens=4, max_output_tokens=8)

@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.requests import ECHO_CHARS, InvalidRequest
-from nmt_serve.server.service import SERVICE_NAME
-from nmt_serve.server.status import MAX_DETAIL_CHARS, status_for
+from nmt_serve.server.api.service import SERVICE_NAME
+from nmt_serve.server.api.status import MAX_DETAIL_CHARS, status_for
+from nmt_serve.server.models.requests import ECHO_CHARS, InvalidRequest
 from tests.serving import RunningServer, server_settings
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute.", "Du habe einen großen Zug nicht."]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nmt_serve.server.source_pool import SourcePool
+from nmt_serve.server.engine.source_pool import SourcePool
 
 HEADS, HEAD_DIM, LAYERS = 2, 3, 4
 

@@ -1,10 +1,10 @@
-"""server/workers.py: how many engines and ONNX Runtime threads the server runs."""
+"""server/engine/workers.py: how many engines and ONNX Runtime threads the server runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from nmt_serve.server.workers import CPU_AUTO_ROWS, GPU_AUTO_ROWS, MAX_AUTO_ENGINES, WorkerPlan, plan_workers
+from nmt_serve.server.engine.workers import CPU_AUTO_ROWS, GPU_AUTO_ROWS, MAX_AUTO_ENGINES, WorkerPlan, plan_workers
 
 
 @pytest.mark.parametrize(("engines", "threads", "on_gpu", "cores", "plan"), [

@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.scheduler import Scheduler
-from nmt_serve.server.status import status_for
+from nmt_serve.server.api.status import status_for
+from nmt_serve.server.engine.scheduler import Scheduler
+from nmt_serve.server.models.metrics import Metrics
 
 
 class EarlyAdmission(grpc.aio.ServerInterceptor):

@@ -16,7 +16,7 @@ OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/", f"/
 
 
 REFUSAL = "missing or wrong bearer token in the authorization metadata"
-HTTP_REFUSAL = "missing or wrong bearer token in the Authorization header"  # the HTTP API's (server/http_api.py)
+HTTP_REFUSAL = "missing or wrong bearer token in the Authorization header"  # the HTTP API's (server/api/http_api.py)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):

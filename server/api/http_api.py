@@ -1,5 +1,5 @@
 """The HTTP/JSON API's handlers: each calls the gRPC servicer's own method, so limits, validation, status codes and
-metrics are the gRPC API's; only the transport differs (JSON bodies, server-sent events, server/http_status.py)."""
+metrics are the gRPC API's; only the transport differs (JSON bodies, server-sent events, server/api/http_status.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.admission import EarlyAdmission
-from nmt_serve.server.auth import HTTP_REFUSAL, BearerTokenInterceptor
-from nmt_serve.server.http_status import COUNTED_AS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, error_body, error_headers, http_status
-from nmt_serve.server.metrics import TRANSPORT, TRANSPORTS, Metrics
-from nmt_serve.server.service import SERVICE_NAME, TranslationService, Unparsable
+from nmt_serve.server.api.admission import EarlyAdmission
+from nmt_serve.server.api.auth import HTTP_REFUSAL, BearerTokenInterceptor
+from nmt_serve.server.api.http_status import COUNTED_AS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, error_body, error_headers, http_status
+from nmt_serve.server.api.service import SERVICE_NAME, TranslationService, Unparsable
+from nmt_serve.server.models.metrics import TRANSPORT, TRANSPORTS, Metrics
 from nmt_serve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, RETRY_AFTER_S
+from nmt_serve.server.api.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, RETRY_AFTER_S
 
 # proto3 JSON: 64-bit integers travel as strings, the others as JSON numbers.
 SCALARS = {

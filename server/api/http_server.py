@@ -9,11 +9,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from nmt_serve.server.admission import EarlyAdmission
-from nmt_serve.server.http_api import HttpApi
-from nmt_serve.server.http_schema import openapi_document
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.service import TranslationService
+from nmt_serve.server.api.admission import EarlyAdmission
+from nmt_serve.server.api.http_api import HttpApi
+from nmt_serve.server.api.http_schema import openapi_document
+from nmt_serve.server.api.service import TranslationService
+from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.settings import ServerSettings
 
 logger = logging.getLogger("nmt-serve")
@@ -35,7 +35,7 @@ class HttpServer:
         self.settings = settings
         self.ready = ready
         self.port = 0
-        # The body limit is the gRPC message limit, for bodies of unknown length too (server/http_api.py checks declared ones).
+        # The body limit is the gRPC message limit, for bodies of unknown length too (server/api/http_api.py checks declared ones).
         app = web.Application(client_max_size=settings.max_message_bytes)
         HttpApi(service, settings, metrics, admission).add_routes(app)
         app.router.add_get("/healthz", self.live)

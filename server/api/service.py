@@ -1,4 +1,4 @@
-"""The gRPC servicer: parse, choose the model (server/models.py), hand the request to it; errors via server/status.py."""
+"""The gRPC servicer: parse, choose the model (server/models/registry.py), hand the request to it; errors via server/api/status.py."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.metrics import UNATTRIBUTED, Metrics
-from nmt_serve.server.models import ModelRegistry
-from nmt_serve.server.requests import InvalidRequest
-from nmt_serve.server.scheduler import Rejected
-from nmt_serve.server.served_model import ServedModel
+from nmt_serve.server.api.status import NotReady, status_for
+from nmt_serve.server.engine.scheduler import Rejected
+from nmt_serve.server.models.metrics import UNATTRIBUTED, Metrics
+from nmt_serve.server.models.registry import ModelRegistry
+from nmt_serve.server.models.requests import InvalidRequest
+from nmt_serve.server.models.served_model import ServedModel
 from nmt_serve.server.settings import ServerSettings
-from nmt_serve.server.status import NotReady, status_for
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name
-# The methods that take a place in the scheduler's queue (server/admission.py refuses them early when it is full).
+# The methods that take a place in the scheduler's queue (server/api/admission.py refuses them early when it is full).
 QUEUED_METHODS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Translate", "TranslateStream"))
 
 
@@ -86,7 +86,7 @@ class TranslationService:
             # GeneratorExit: the client went away while the stream waited at a yield, and grpcio closed the generator.
             code = self._cancel_code(context)
             raise
-        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
+        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
             code, message = self._status(error, call)
             await context.abort(code, message)
         finally:
@@ -120,7 +120,7 @@ class TranslationService:
         except asyncio.CancelledError:
             code = self._cancel_code(context)
             raise  # the client went away or its deadline passed: grpcio reports that itself
-        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/status.py
+        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
             code, message = self._status(error, call)
             await context.abort(code, message)
         finally:

@@ -6,9 +6,9 @@ import logging
 
 import grpc
 
-from nmt_serve.server.jobs import Outcome
-from nmt_serve.server.requests import InvalidRequest, UnknownModel, clipped
-from nmt_serve.server.scheduler import Rejected, RequestFailed
+from nmt_serve.server.engine.jobs import Outcome
+from nmt_serve.server.engine.scheduler import Rejected, RequestFailed
+from nmt_serve.server.models.requests import InvalidRequest, UnknownModel, clipped
 
 logger = logging.getLogger(__name__)
 

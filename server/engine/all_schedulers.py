@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.engine_pool import EnginePool
-from nmt_serve.server.scheduler import Rejected, Scheduler
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.engine_pool import EnginePool
+from nmt_serve.server.engine.scheduler import Rejected, Scheduler
 
 
 class Schedulers:

@@ -22,10 +22,10 @@ import numpy as np
 
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
-from nmt_serve.server.jobs import EngineLimits, Job, Outcome, StepProfile
-from nmt_serve.server.row_placement import place_rows, split_rows
-from nmt_serve.server.runtime import Runtime
-from nmt_serve.server.source_pool import SourcePool
+from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
+from nmt_serve.server.engine.row_placement import place_rows, split_rows
+from nmt_serve.server.engine.sessions import Runtime
+from nmt_serve.server.engine.source_pool import SourcePool
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def notify(callback: Callable[..., None], *args: object) -> None:
 
 
 class EngineObserver(Protocol):
-    """What the engine reports per call (server/metrics.py implements it); called on the engine thread."""
+    """What the engine reports per call (server/models/metrics.py implements it); called on the engine thread."""
 
     def encoded(self, seconds: float) -> None: ...
 
@@ -130,7 +130,7 @@ class Engine:
 
     def run_until_idle(self) -> None:
         """Step until nothing waits or runs: for a caller that owns the engine outright (benchmarks, tests);
-        the server's workers step it from server/scheduler.py instead."""
+        the server's workers step it from server/engine/scheduler.py instead."""
         while self.has_work:
             self.step()
 

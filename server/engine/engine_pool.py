@@ -43,7 +43,7 @@ def lower_thread_priority(niceness: int) -> None:
 
 
 class Steppable(Protocol):
-    """What the pool needs of an engine (server/engine.py)."""
+    """What the pool needs of an engine (server/engine/engine.py)."""
 
     @property
     def has_work(self) -> bool: ...

@@ -13,9 +13,9 @@ from typing import Protocol
 import numpy as np
 
 from nmt_serve.model.search import Hypothesis, SearchOptions
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.engine_pool import EnginePool
-from nmt_serve.server.jobs import Job, Outcome
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.engine_pool import EnginePool
+from nmt_serve.server.engine.jobs import Job, Outcome
 
 logger = logging.getLogger(__name__)
 ENGINES_JOIN_S = 5.0  # how long stop() waits for the engine workers to finish their step and exit
@@ -38,7 +38,7 @@ class RequestFailed(Exception):
 
 
 class SchedulerObserver(Protocol):
-    """Per-request timings (server/metrics.py implements it); called on any thread. Refusals are counted per call, by the service."""
+    """Per-request timings (server/models/metrics.py implements it); called on any thread. Refusals are counted per call, by the service."""
 
     def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None: ...
 
@@ -57,7 +57,7 @@ def least_loaded(engines: Sequence[Engine]) -> int:
 class Scheduler:
     """Submit from the event loop; ONNX Runtime runs in the engines' worker threads, never on the loop.
 
-    Each engine (server/workers.py says how many) steps its own batch; a request goes to the engine
+    Each engine (server/engine/workers.py says how many) steps its own batch; a request goes to the engine
     with the least load (beam rows waiting or running) and stays there. The engines are stepped by an
     EnginePool: the scheduler's own (one worker per engine), or one shared with other models'
     schedulers, which then starts and stops it.

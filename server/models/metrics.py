@@ -3,7 +3,7 @@
 Each server owns its registry (tests run several servers in one process); process and Python
 collectors are registered on it too. Every metric about requests, engines or a model carries a
 `model` label; the engine and scheduler report through a ModelMetrics (observer calls bound to one
-model, server/model_metrics.py), so neither imports prometheus_client.
+model, server/models/model_metrics.py), so neither imports prometheus_client.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from nmt_serve.server.access_log import AccessLog
-from nmt_serve.server.model_metrics import ModelMetrics
+from nmt_serve.server.models.access_log import AccessLog
+from nmt_serve.server.models.model_metrics import ModelMetrics
 
 # The documented latency objective: 99% of single-sentence requests within 0.5 s on the default
 # model (measured p99 at 70% load on 1 core: 0.28 s, bench/results/engine.md). 0.5 is a bucket edge.
@@ -94,7 +94,7 @@ class Metrics:
         self.rejected.labels(reason=reason, model=model).inc()
 
     def refused(self, method: str, seconds: float) -> None:
-        """A call the bearer-token check turned away (server/auth.py)."""
+        """A call the bearer-token check turned away (server/api/auth.py)."""
         self.answered(method, "UNAUTHENTICATED", seconds)
 
     def answered(self, method: str, code: str, seconds: float, texts: int | None = None, model: str = UNATTRIBUTED) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # metrics.py hands out these views, so it imports this module
-    from nmt_serve.server.metrics import Metrics
+    from nmt_serve.server.models.metrics import Metrics
 
 
 class ModelMetrics:

@@ -7,18 +7,18 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from nmt_serve.runtime.manifest import load_model_dir
-from nmt_serve.server.engine import Engine
-from nmt_serve.server.engine_pool import EnginePool
-from nmt_serve.server.jobs import EngineLimits
-from nmt_serve.server.metrics import Metrics
-from nmt_serve.server.model_metrics import ModelMetrics
-from nmt_serve.server.requests import ECHO_CHARS, UnknownModel, clipped
-from nmt_serve.server.runtime import Runtime, RuntimeSettings
-from nmt_serve.server.scheduler import QueueLimits, Scheduler
-from nmt_serve.server.schedulers import Schedulers
-from nmt_serve.server.served_model import ServedModel
+from nmt_serve.server.engine.all_schedulers import Schedulers
+from nmt_serve.server.engine.engine import Engine
+from nmt_serve.server.engine.engine_pool import EnginePool
+from nmt_serve.server.engine.jobs import EngineLimits
+from nmt_serve.server.engine.scheduler import QueueLimits, Scheduler
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from nmt_serve.server.engine.workers import WorkerPlan
+from nmt_serve.server.models.metrics import Metrics
+from nmt_serve.server.models.model_metrics import ModelMetrics
+from nmt_serve.server.models.requests import ECHO_CHARS, UnknownModel, clipped
+from nmt_serve.server.models.served_model import ServedModel
 from nmt_serve.server.settings import ServerSettings
-from nmt_serve.server.workers import WorkerPlan
 
 logger = logging.getLogger("nmt-serve")
 
@@ -97,7 +97,7 @@ class ModelRegistry:
 
 def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str, ...], metrics: Metrics) -> ModelRegistry:
     """Every model dir of `settings`, each with `plan.engines` engines; one pool of `plan.engines` workers steps them all
-    (server/engine_pool.py), so the cores are shared the same way however many models there are."""
+    (server/engine/engine_pool.py), so the cores are shared the same way however many models there are."""
     names = read_names(settings.model_dirs)
     default_name = settings.default_model or next(iter(names))
     if default_name not in names:  # checked before any graph is loaded

@@ -29,7 +29,7 @@ class InvalidRequest(ValueError):
 
 
 class UnknownModel(LookupError):
-    """The request named a model this server does not serve (server/models.py)."""
+    """The request named a model this server does not serve (server/models/registry.py)."""
 
 
 @dataclass(frozen=True)

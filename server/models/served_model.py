@@ -12,9 +12,9 @@ import numpy as np
 from nmt_serve.model.search import FinishReason, Hypothesis, SearchOptions
 from nmt_serve.model.sentences import join
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.requests import Limits, RequestReader, Sentence, Source, Task
-from nmt_serve.server.runtime import Runtime
-from nmt_serve.server.scheduler import Scheduler
+from nmt_serve.server.engine.scheduler import Scheduler
+from nmt_serve.server.engine.sessions import Runtime
+from nmt_serve.server.models.requests import Limits, RequestReader, Sentence, Source, Task
 from nmt_serve.server.settings import ServerSettings
 
 FINISH_REASONS = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
