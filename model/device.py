@@ -44,3 +44,16 @@ def bf16_is_native(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return native_bf16()
+
+
+def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (what train.json records for each leg)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "model name":
+            return value.strip()
+    return "unknown"

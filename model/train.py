@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import resource
 import shutil
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from nmt_serve.model.batching import Batch, encode_pairs, make_batch, plan_batch
 from nmt_serve.model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
 from nmt_serve.model.config import PRESETS, ModelConfig
 from nmt_serve.model.corpus import read_tsv
-from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, native_bf16, pick_device
+from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.loss import batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
@@ -201,9 +202,34 @@ class Trainer:
             return True
         return bool(settings.max_minutes) and time.monotonic() - started >= settings.max_minutes * 60
 
+    def start_leg(self, record: dict[str, Any]) -> None:
+        """A leg is one uninterrupted run of nmt-train; train.json keeps each one's span, speed and peak memory."""
+        record.setdefault("legs", []).append({
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cpu": cpu_model_name() if self.device.type == "cpu" else torch.cuda.get_device_name(self.device),
+            "threads": torch.get_num_threads(),
+            "bf16": self.settings.bf16,
+            "start_step": self.progress.step,
+            "start_target_tokens": self.progress.tgt_tokens,
+            "start_train_seconds": round(self.progress.train_seconds, 1),
+        })
+
+    def update_leg(self, record: dict[str, Any]) -> None:
+        leg, progress = record["legs"][-1], self.progress
+        seconds = progress.train_seconds - leg["start_train_seconds"]
+        tokens = progress.tgt_tokens - leg["start_target_tokens"]
+        leg.update(
+            end_step=progress.step,
+            train_minutes=round(seconds / 60, 2),
+            target_tokens_per_second=round(tokens / max(seconds, 1e-9), 1),
+            # ru_maxrss is in KiB on Linux: the process's peak resident memory so far.
+            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        )
+
     def run(self, record: dict[str, Any]) -> None:
         settings, progress = self.settings, self.progress
         self.model.train()
+        self.start_leg(record)
         started = time.monotonic()
         # With a time limit the bar counts minutes, so tqdm's ETA is the time left.
         by_time = not settings.max_steps
@@ -273,6 +299,7 @@ class Trainer:
             loss_curve=progress.loss_curve,
             validations=progress.validations,
         )
+        self.update_leg(record)
         save_train_info(record, self.out)
 
 

@@ -117,6 +117,16 @@ def test_train_resume_continues_the_same_loss_curve(tiny_corpus: dict[str, Path]
     assert resumed_info["validations"] == straight_info["validations"]
 
 
+def test_each_run_of_a_resumed_training_is_recorded_as_a_leg(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    assert train_main(train_args(tiny_corpus, tmp_path, 6)) == 0
+    assert train_main([*train_args(tiny_corpus, tmp_path, 12), "--resume"]) == 0
+    legs = json.loads((tmp_path / "train.json").read_text())["legs"]
+    assert [(leg["start_step"], leg["end_step"]) for leg in legs] == [(0, 6), (6, 12)]
+    assert legs[1]["start_target_tokens"] > 0
+    for leg in legs:
+        assert leg["peak_rss_mb"] > 0 and leg["target_tokens_per_second"] > 0 and leg["cpu"]
+
+
 def test_train_requires_a_limit(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
     args = train_args(tiny_corpus, tmp_path, 0)
     with pytest.raises(SystemExit, match="--max-steps or --max-minutes"):
