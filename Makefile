@@ -34,12 +34,14 @@ protos:
 
 # The compose stack on podman + docker-compose 1.29 (root, Debian): the CPU image built from this
 # Dockerfile, two replicas, nginx and Prometheus on 127.0.0.1 (scripts/stack.sh installs what is missing).
+# NMT_STACK_PROJECT, NMT_STACK_DIR, NMT_BALANCER_PORT and NMT_PROMETHEUS_PORT run another stack beside it.
 stack:
 	scripts/stack.sh up
 
 stack-down:
 	scripts/stack.sh down
 
-# Load, rolling restarts and a scale-up through the stack, then `down` (tests/test_stack.py).
+# Load, rolling restarts and a scale-up through a stack of its own project and ports, then its `down`
+# (tests/test_stack.py); skipped where no container can run, with podman's reason.
 stack-test:
 	$(PYTHON) -m pytest -m container tests/test_stack.py

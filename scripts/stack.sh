@@ -2,23 +2,30 @@
 # The compose stack (two CPU translator replicas, nginx, Prometheus) on podman + docker-compose 1.29:
 #   scripts/stack.sh up      install what is missing, build the CPU image, start the stack, wait until it serves
 #   scripts/stack.sh down    docker-compose down, then end the podman service and healthcheck loop this script started
-#   scripts/stack.sh images  only the set-up: packages, containers.conf, base images, wheelhouse
+#   scripts/stack.sh images  only the set-up: packages, containers.conf, base images, a container run, wheelhouse
+#   scripts/stack.sh conf    only containers.conf (CONTAINERS_CONF names another file, as it does for podman)
 # Idempotent: each step is skipped when its result exists. Run as root on Debian bookworm.
-# Settings: NMT_STACK_DIR (state: socket, PIDs, logs; default /run/nmt-stack), NMT_STACK_REBUILD=1 builds the CPU image
-# without the layer cache.
+# Exit status 3: no container can run on this machine; the last line says why, with podman's own error.
+# Settings, from the environment:
+#   NMT_STACK_PROJECT  the compose project (default COMPOSE_PROJECT_NAME, else nmt); `down` ends this project only
+#   NMT_STACK_DIR      state: socket, PIDs, logs (default /run/nmt-stack for project nmt, /run/nmt-stack-PROJECT else)
+#   NMT_BIND, NMT_BALANCER_PORT, NMT_PROMETHEUS_PORT  where the stack publishes (docker-compose.yml; 127.0.0.1, 8080, 9090)
+#   NMT_STACK_REBUILD=1 builds the CPU image without the layer cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STATE=${NMT_STACK_DIR:-/run/nmt-stack}
+PROJECT=${NMT_STACK_PROJECT:-${COMPOSE_PROJECT_NAME:-nmt}}
+export COMPOSE_PROJECT_NAME=$PROJECT
+if [ "$PROJECT" = nmt ]; then STATE=${NMT_STACK_DIR:-/run/nmt-stack}; else STATE=${NMT_STACK_DIR:-/run/nmt-stack-$PROJECT}; fi
 SOCKET="$STATE/podman.sock"
 export DOCKER_HOST="unix://$SOCKET"
 # Grafana is not started here (no image of it is built); compose still requires its password to parse the file.
 export GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-grafana-not-started}
-export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-nmt}
 COMPOSE=(docker-compose --compatibility --profile cpu)
 SERVICES=(translator-cpu balancer-cpu prometheus)
 WHEELHOUSE=deploy/wheelhouse
-PACKAGES=(podman buildah debootstrap fuse-overlayfs slirp4netns uidmap docker-compose python3-venv curl)
+PACKAGES=(podman runc buildah debootstrap fuse-overlayfs slirp4netns uidmap docker-compose python3-venv curl)
+CANNOT_RUN=3
 
 log() { echo "stack: $*" >&2; }
 
@@ -34,20 +41,75 @@ install_packages() {
     apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# podman cannot raise rlimits where the host forbids it: containers get the host's hard nofile limit, and the
-# nproc limit that runc can still set. No systemd: cgroupfs, and events to a file.
+# The containers.conf settings podman needs here. Each is added to its table where the file has one (TOML allows a
+# table once) and left as it is where already set, except the runtime: Debian installs crun beside runc and podman
+# prefers crun, which refuses hosts whose cgroups are in hybrid v1/v2 mode, so runc is pinned.
+# - default_ulimits: podman cannot raise rlimits where the host forbids it, so containers get the host's hard nofile
+#   limit and the nproc limit that runc can still set.
+# - cgroup_manager, events_logger: no systemd.
 write_containers_conf() {
-    local conf=/etc/containers/containers.conf nofile
-    grep -q "^default_ulimits" "$conf" 2>/dev/null && return
-    nofile=$(ulimit -Hn)
-    mkdir -p /etc/containers
-    cat >>"$conf" <<EOF
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=32768:32768"]
+    local conf=${CONTAINERS_CONF:-/etc/containers/containers.conf}
+    mkdir -p "$(dirname "$conf")"
+    CONF=$conf NOFILE=$(ulimit -Hn) python3 - <<'EOF'
+import json, os, re, sys, tomllib
+from pathlib import Path
 
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
+nofile = os.environ["NOFILE"]
+# (table, key, value, whether another value already set is replaced)
+SETTINGS = [
+    ("containers", "default_ulimits", [f"nofile={nofile}:{nofile}", "nproc=32768:32768"], False),
+    ("engine", "runtime", "runc", True),
+    ("engine", "cgroup_manager", "cgroupfs", False),
+    ("engine", "events_logger", "file", False),
+]
+HEADER = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?")
+
+
+def missing(document: dict) -> list[tuple]:
+    """The settings `document` lacks, or holds with another value where that is replaced."""
+    return [(table, key, value, replace) for table, key, value, replace in SETTINGS
+            if key not in document.get(table, {}) or (replace and document[table][key] != value)]
+
+
+def set_line(lines: list[str], table: str, key: str, setting: str) -> None:
+    """`setting` in place of the table's KEY line, else after its last line that is not blank, else in a new table."""
+    headers = [(index, HEADER.fullmatch(line)) for index, line in enumerate(lines) if HEADER.fullmatch(line)]
+    start = next((index for index, header in headers if header.group(1) == "[" and header.group(2) == table), None)
+    if start is None:
+        lines += ([""] if lines and lines[-1].strip() else []) + [f"[{table}]", setting]
+        return
+    end = next((index for index, _ in headers if index > start), len(lines))
+    found = next((index for index in range(start + 1, end) if re.match(rf"\s*{key}\s*=", lines[index])), None)
+    if found is not None:
+        lines[found] = setting
+    else:
+        lines.insert(max((index for index in range(start + 1, end) if lines[index].strip()), default=start) + 1, setting)
+
+
+conf = Path(os.environ["CONF"])
+text = conf.read_text() if conf.exists() else ""
+try:
+    todo = missing(tomllib.loads(text))
+except tomllib.TOMLDecodeError as error:
+    sys.exit(f"stack: {conf} is not TOML ({error}): correct it, or remove it to have it written")
+if not todo:
+    sys.exit(0)
+lines = text.splitlines()
+for table, key, value, _ in todo:
+    set_line(lines, table, key, f"{key} = {json.dumps(value)}")
+written = "\n".join(lines) + "\n"
+try:
+    wrong = missing(tomllib.loads(written))
+except tomllib.TOMLDecodeError as error:
+    sys.exit(f"stack: cannot add podman's settings to {conf} ({error}): set them by hand")
+if wrong:
+    sys.exit(f"stack: cannot set {', '.join(f'[{table}] {key}' for table, key, *_ in wrong)} in {conf}: set them by hand")
+partial = conf.with_name(conf.name + ".partial")
+partial.write_text(written)
+if conf.exists():
+    partial.chmod(conf.stat().st_mode)
+partial.replace(conf)
+print(f"stack: wrote podman's settings into {conf}", file=sys.stderr)
 EOF
 }
 
@@ -62,17 +124,29 @@ debian_mirror() {
 
 have_image() { podman image exists "$1"; }
 
-# Debian bookworm from the mirror, then the images the Dockerfile and compose file name, built from Debian packages
-# where no registry is reachable: the same names, so that both files build and run unchanged.
-build_base_images() {
-    if ! have_image localhost/debian:bookworm; then
-        local rootfs
-        rootfs=$(mktemp -d)
-        log "debootstrap bookworm from $(debian_mirror)"
-        debootstrap --variant=minbase bookworm "$rootfs" "$(debian_mirror)" >"$STATE/debootstrap.log"
-        tar -C "$rootfs" -c . | podman import - localhost/debian:bookworm >/dev/null
-        rm -rf "$rootfs"
-    fi
+# Debian bookworm from the mirror, the base of every image here (importing it runs no container).
+build_debian_image() {
+    have_image localhost/debian:bookworm && return
+    local rootfs
+    rootfs=$(mktemp -d)
+    log "debootstrap bookworm from $(debian_mirror)"
+    debootstrap --variant=minbase bookworm "$rootfs" "$(debian_mirror)" >"$STATE/debootstrap.log"
+    tar -C "$rootfs" -c . | podman import - localhost/debian:bookworm >/dev/null
+    rm -rf "$rootfs"
+}
+
+# A container from the base image runs, or the script ends here with podman's reason, before minutes of building.
+check_containers_run() {
+    local error runtime
+    error=$(podman run --rm localhost/debian:bookworm true 2>&1) && return
+    runtime=$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>/dev/null) || runtime=unknown
+    log "no container can run on this machine (podman's OCI runtime: $runtime): ${error//$'\n'/ }"
+    exit "$CANNOT_RUN"
+}
+
+# The images the Dockerfile and compose file name, built from Debian packages where no registry is reachable: the
+# same names, so that both files build and run unchanged.
+build_stand_ins() {
     local python_image nginx_image prometheus_image
     python_image=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
     nginx_image=$(sed -n 's/^ *image: \(nginx:.*\)/\1/p' docker-compose.yml)
@@ -139,7 +213,9 @@ images() {
     mkdir -p "$STATE"
     install_packages
     write_containers_conf
-    build_base_images
+    build_debian_image
+    check_containers_run
+    build_stand_ins
     fill_wheelhouse
 }
 
@@ -156,7 +232,8 @@ start_healthchecks() {
     if [ -f "$STATE/healthcheck.pid" ] && kill -0 "$(cat "$STATE/healthcheck.pid")" 2>/dev/null; then return; fi
     (
         while :; do
-            for container in $(podman ps -q --filter health=starting --filter health=healthy --filter health=unhealthy); do
+            for container in $(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" \
+                --filter health=starting --filter health=healthy --filter health=unhealthy); do
                 podman healthcheck run "$container" >/dev/null 2>&1 || true
             done
             sleep 2
@@ -170,6 +247,14 @@ grpc_serving() {
     printf '\000\000\000\000\000' |
         curl -s -m 2 --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' --data-binary @- \
             "http://$1/grpc.health.v1.Health/Check" 2>/dev/null | od -An -tx1 | tr -d ' \n' | grep -qx '00000000020801'
+}
+
+# The host address a service's port is published on (docker-compose.yml's NMT_BIND and port settings), as a client
+# on this host reaches it.
+published() {
+    local address
+    address=$("${COMPOSE[@]}" port "$1" "$2")
+    echo "${address/#0.0.0.0:/127.0.0.1:}"
 }
 
 stop_pid() {
@@ -190,9 +275,12 @@ up() {
     start_service
     start_healthchecks
     "${COMPOSE[@]}" up -d --no-build "${SERVICES[@]}"
+    local balancer prometheus
+    balancer=$(published balancer-cpu 8080)
+    prometheus=$(published prometheus 9090)
     for _ in $(seq 120); do
-        grpc_serving 127.0.0.1:8080 && curl -fsS http://127.0.0.1:9090/-/ready >/dev/null 2>&1 && {
-            log "up: balancer on 127.0.0.1:8080, Prometheus on 127.0.0.1:9090"; return; }
+        grpc_serving "$balancer" && curl -fsS "http://$prometheus/-/ready" >/dev/null 2>&1 && {
+            log "up: project $PROJECT, balancer on $balancer, Prometheus on $prometheus"; return; }
         sleep 1
     done
     log "the stack did not become ready"; "${COMPOSE[@]}" ps; exit 1
@@ -212,5 +300,6 @@ case ${1:-} in
     up) up ;;
     down) down ;;
     images) images ;;
-    *) echo "usage: $0 up|down|images" >&2; exit 2 ;;
+    conf) write_containers_conf ;;
+    *) echo "usage: $0 up|down|images|conf" >&2; exit 2 ;;
 esac

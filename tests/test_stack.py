@@ -1,21 +1,28 @@
 """The compose stack for real (scripts/stack.sh: the CPU image, two replicas, nginx, Prometheus on podman +
 docker-compose 1.29): load through nginx, both replicas scraped and healthy, rolling restarts and a scale-up under
-load without a failed call, and nothing left running after `down`.
+load without a failed call, and nothing left running after `down`; and the containers.conf that scripts/stack.sh
+writes, on files (no podman needed).
 
-Runs where podman is installed (scripts/stack.sh installs the rest); NMT_CONTAINER_TESTS=0 skips it. From a
-machine with no images it builds them first (minutes). NMT_STACK_RESTARTS sets the rolling restarts (default 1)."""
+The stack runs as its own compose project with its own state dir and free ports, so a stack already up (the default
+project of `make stack` included) is left alone. Runs where podman is installed (scripts/stack.sh installs the
+rest); skipped where podman's own probe finds that no container can run on the machine, with podman's error as the
+reason. NMT_CONTAINER_TESTS=0 skips it, NMT_CONTAINER_TESTS=1 fails it instead of skipping. From a machine with no
+images it builds them first (minutes). NMT_STACK_RESTARTS sets the rolling restarts (default 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import json
 import logging
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,21 +30,24 @@ from pathlib import Path
 
 import pytest
 
+from nmt_serve.bench.balancer import free_port
 from tests.serving import wait_for
 from tests.test_rolling_restart import Load
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "scripts" / "stack.sh"
-STATE = Path(os.environ.get("NMT_STACK_DIR", "/run/nmt-stack"))
-PROJECT = "nmt"
-BALANCER = "127.0.0.1:8080"
-PROMETHEUS = "http://127.0.0.1:9090"
+# Never the default project ("nmt"): the tests start and end this project's containers only.
+PROJECT = "nmt-stack-test"
+CANNOT_RUN = 3  # scripts/stack.sh's exit status where podman's probe container does not run
 logger = logging.getLogger(__name__)
 
 
 def skip_reason() -> str | None:
-    if os.environ.get("NMT_CONTAINER_TESTS") == "0":
+    required = os.environ.get("NMT_CONTAINER_TESTS")
+    if required == "0":
         return "container tests switched off (NMT_CONTAINER_TESTS=0)"
+    if required == "1":
+        return None
     if shutil.which("podman") is None:
         return "podman not installed (scripts/stack.sh up installs it and the rest; then run pytest -m container)"
     if os.geteuid() != 0:
@@ -45,13 +55,38 @@ def skip_reason() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.container, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+needs_containers = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 
-def compose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = os.environ | {"DOCKER_HOST": f"unix://{STATE / 'podman.sock'}", "COMPOSE_PROJECT_NAME": PROJECT,
-                        "GRAFANA_ADMIN_PASSWORD": os.environ.get("GRAFANA_ADMIN_PASSWORD", "unused-grafana-not-started")}  # fmt: skip
-    return subprocess.run(["docker-compose", "--compatibility", "--profile", "cpu", *args], cwd=ROOT, env=env, capture_output=True,
+@dataclasses.dataclass
+class Stack:
+    """The test's own stack: where it keeps its state and publishes its ports, and what the tests measured."""
+
+    state: Path
+    balancer: str  # host:port
+    prometheus: str  # base URL
+    env: dict[str, str]  # for scripts/stack.sh and docker-compose
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def new_stack(state: Path) -> Stack:
+    balancer_port, prometheus_port = free_port(), free_port()
+    env = os.environ | {
+        "NMT_STACK_PROJECT": PROJECT, "COMPOSE_PROJECT_NAME": PROJECT, "NMT_STACK_DIR": str(state), "NMT_BIND": "127.0.0.1",
+        "NMT_BALANCER_PORT": str(balancer_port), "NMT_PROMETHEUS_PORT": str(prometheus_port),
+        "DOCKER_HOST": f"unix://{state / 'podman.sock'}",
+        "GRAFANA_ADMIN_PASSWORD": os.environ.get("GRAFANA_ADMIN_PASSWORD", "unused-grafana-not-started"),
+    }  # fmt: skip
+    return Stack(state, f"127.0.0.1:{balancer_port}", f"http://127.0.0.1:{prometheus_port}", env)
+
+
+def stack_script(stack: Stack, command: str, timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess:
+    """scripts/stack.sh COMMAND on the test's own project, state dir and ports."""
+    return subprocess.run(["bash", str(STACK), command], cwd=ROOT, env=stack.env, timeout=timeout, **kwargs)
+
+
+def compose(stack: Stack, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker-compose", "--compatibility", "--profile", "cpu", *args], cwd=ROOT, env=stack.env, capture_output=True,
                           text=True, timeout=timeout, check=True)  # fmt: skip
 
 
@@ -94,28 +129,98 @@ def serving(container: str) -> bool:
                           timeout=20).returncode == 0  # fmt: skip
 
 
-def prometheus_up() -> dict[str, float]:
-    url = f"{PROMETHEUS}/api/v1/query?" + urllib.parse.urlencode({"query": 'up{job="nmt"}'})
+def prometheus_up(stack: Stack) -> dict[str, float]:
+    url = f"{stack.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": 'up{job="nmt"}'})
     result = json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]
     return {item["metric"]["instance"]: float(item["value"][1]) for item in result}
 
 
+def require_containers(stack: Stack) -> None:
+    """scripts/stack.sh images, which ends with exit status 3 where its probe container does not run: the tests
+    skip with podman's error then, unless podman runs another runtime than the runc the script pins (its
+    containers.conf is not the one in effect) or NMT_CONTAINER_TESTS=1; any other failure fails them."""
+    started = time.monotonic()
+    result = stack_script(stack, "images", capture_output=True, text=True)
+    stack.timings["images_s"] = time.monotonic() - started
+    if result.returncode == 0:
+        return
+    if result.returncode != CANNOT_RUN or os.environ.get("NMT_CONTAINER_TESTS") == "1":
+        pytest.fail(f"scripts/stack.sh images exited {result.returncode}:\n{result.stderr[-4000:]}")
+    reason = result.stderr.strip().splitlines()[-1]
+    runtime = podman("info", "--format", "{{.Host.OCIRuntime.Name}}").strip()
+    if runtime != "runc":
+        pytest.fail(f"podman runs {runtime}, not the runc scripts/stack.sh pins in containers.conf: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[dict[str, float]]:
-    timings: dict[str, float] = {}
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = new_stack(tmp_path_factory.mktemp("stack"))
+    require_containers(stack)
     started = time.monotonic()
     try:
-        subprocess.run(["bash", str(STACK), "up"], cwd=ROOT, check=True, timeout=1800)
-        timings["up_s"] = time.monotonic() - started
-        yield timings
+        stack_script(stack, "up", check=True)
+        stack.timings["up_s"] = time.monotonic() - started
+        yield stack
     finally:
-        subprocess.run(["bash", str(STACK), "down"], cwd=ROOT, timeout=300)
-        logger.info("stack timings: %s", timings)
+        stack_script(stack, "down", timeout=300)
+        logger.info("stack timings: %s", stack.timings)
 
 
-def test_stack_serves_through_nginx_with_both_replicas_scraped_and_healthy(stack: dict[str, float], tmp_path: Path) -> None:
+def write_conf(conf: Path) -> subprocess.CompletedProcess:
+    """scripts/stack.sh conf on `conf` (CONTAINERS_CONF), as any user: no podman, no root."""
+    return subprocess.run(["bash", str(STACK), "conf"], env=os.environ | {"CONTAINERS_CONF": str(conf)}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+# The conf scripts/stack.sh writes where there is none, with the host's hard open-files limit for {0}.
+WRITTEN_CONF = ('[containers]\ndefault_ulimits = ["nofile={0}:{0}", "nproc=32768:32768"]\n\n'
+                '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        pytest.param(None, WRITTEN_CONF, id="none"),
+        # What scripts/stack.sh wrote before it pinned the runtime: runc goes into the one [engine] table.
+        pytest.param('[containers]\ndefault_ulimits = ["nofile=64:64"]\n\n[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n',
+                     '[containers]\ndefault_ulimits = ["nofile=64:64"]\n\n[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
+                     'runtime = "runc"\n', id="runtime-missing"),  # fmt: skip
+        pytest.param('# site settings\n[engine]\nruntime = "crun"  # the default\nevents_logger = "journald"\n\n[engine.runtimes]\n'
+                     'crun = ["/usr/bin/crun"]\n',
+                     '# site settings\n[engine]\nruntime = "runc"\nevents_logger = "journald"\ncgroup_manager = "cgroupfs"\n\n'
+                     '[engine.runtimes]\ncrun = ["/usr/bin/crun"]\n\n'
+                     '[containers]\ndefault_ulimits = ["nofile={0}:{0}", "nproc=32768:32768"]\n',
+                     id="crun-set"),  # fmt: skip
+        pytest.param('[network]\nnetwork_backend = "netavark"\n', '[network]\nnetwork_backend = "netavark"\n\n' + WRITTEN_CONF,
+                     id="other-tables"),  # fmt: skip
+    ],
+)
+def test_stack_conf_pins_runc_and_keeps_what_is_set(tmp_path: Path, existing: str | None, expected: str) -> None:
+    conf = tmp_path / "containers.conf"
+    if existing is not None:
+        conf.write_text(existing)
+    assert write_conf(conf).returncode == 0
+    written = conf.read_text()
+    assert written == expected.format(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    assert tomllib.loads(written)["engine"]["runtime"] == "runc"  # one table each: TOML refuses a repeated one
+    # A second run leaves the file as it is.
+    assert write_conf(conf).returncode == 0 and conf.read_text() == written
+
+
+def test_stack_conf_refuses_a_file_that_is_not_toml(tmp_path: Path) -> None:
+    conf = tmp_path / "containers.conf"
+    conf.write_text("[engine]\nruntime = crun\n")
+    result = write_conf(conf)
+    assert result.returncode != 0 and "is not TOML" in result.stderr, result.stderr
+    assert conf.read_text() == "[engine]\nruntime = crun\n"
+
+
+@pytest.mark.container
+@needs_containers
+def test_stack_serves_through_nginx_with_both_replicas_scraped_and_healthy(stack: Stack, tmp_path: Path) -> None:
     report = tmp_path / "load.json"
-    subprocess.run([sys.executable, "-m", "nmt_serve.client.loadtest", "--target", BALANCER, "--concurrency", "8", "--duration", "10",
+    subprocess.run([sys.executable, "-m", "nmt_serve.client.loadtest", "--target", stack.balancer, "--concurrency", "8", "--duration", "10",
                     "--wait-ready", "30", "--json", str(report)], cwd=ROOT, check=True, timeout=120)  # fmt: skip
     result = json.loads(report.read_text())
     assert result["requests"] > 0 and result["codes"] == {"OK": result["requests"]}, result["codes"]
@@ -123,12 +228,14 @@ def test_stack_serves_through_nginx_with_both_replicas_scraped_and_healthy(stack
     assert len(names) == 2 and all(serving(name) for name in names), names
     assert all(translated(name) > 0 for name in names), "the balancer left a replica without calls"
     # Prometheus finds both replicas through DNS and scrapes them (dns_sd refresh 15 s, scrape every 5 s).
-    assert wait_for(lambda: (up := prometheus_up()) and len(up) == 2 and set(up.values()) == {1.0}, 60), prometheus_up()
+    assert wait_for(lambda: (up := prometheus_up(stack)) and len(up) == 2 and set(up.values()) == {1.0}, 60), prometheus_up(stack)
 
 
-def test_stack_rolling_restarts_under_load_fail_no_call(stack: dict[str, float]) -> None:
+@pytest.mark.container
+@needs_containers
+def test_stack_rolling_restarts_under_load_fail_no_call(stack: Stack) -> None:
     restarts = int(os.environ.get("NMT_STACK_RESTARTS", "1"))
-    load = Load(BALANCER, clients=8)
+    load = Load(stack.balancer, clients=8)
     durations = []
     try:
         for _ in range(restarts):
@@ -145,10 +252,10 @@ def test_stack_rolling_restarts_under_load_fail_no_call(stack: dict[str, float])
         time.sleep(2)  # calls sent just after the last restart finish too
     finally:
         codes = load.stop()
-    stack["restarts"] = len(durations)
-    stack["restart_s_max"] = max(durations)
-    stack["restart_calls"] = sum(codes.values())
-    stack["restart_failed"] = sum(count for code, count in codes.items() if code != "OK")
+    stack.timings["restarts"] = len(durations)
+    stack.timings["restart_s_max"] = max(durations)
+    stack.timings["restart_calls"] = sum(codes.values())
+    stack.timings["restart_failed"] = sum(count for code, count in codes.items() if code != "OK")
     logger.info("%d replica restarts (%.1f-%.1f s each) under load: %s", len(durations), min(durations), max(durations), dict(codes))
     assert set(codes) == {"OK"}, (codes, [(time.strftime("%H:%M:%S", time.gmtime(at)), detail) for at, detail in load.failures[:10]])
 
@@ -159,11 +266,13 @@ def test_stack_rolling_restarts_under_load_fail_no_call(stack: dict[str, float])
 SCALE_UP_WAIT_S = 60
 
 
-def test_stack_replica_added_under_load_receives_calls(stack: dict[str, float]) -> None:
+@pytest.mark.container
+@needs_containers
+def test_stack_replica_added_under_load_receives_calls(stack: Stack) -> None:
     before = set(replicas())
-    load = Load(BALANCER, clients=8)
+    load = Load(stack.balancer, clients=8)
     try:
-        compose("up", "-d", "--no-build", "--no-recreate", "--scale", "translator-cpu=3", "translator-cpu")
+        compose(stack, "up", "-d", "--no-build", "--no-recreate", "--scale", "translator-cpu=3", "translator-cpu")
         started = time.time()
         added = (set(replicas()) - before).pop()
         first = wait_for(lambda: logged_at(added, "nmt_serve.access", "Translate"), SCALE_UP_WAIT_S)
@@ -172,15 +281,19 @@ def test_stack_replica_added_under_load_receives_calls(stack: dict[str, float]) 
         serving_after = (logged_at(added, "nmt-serve: serving") or first) - started
     finally:
         codes = load.stop()
-    stack["scale_up_s"] = latency
+    stack.timings["scale_up_s"] = latency
     logger.info("a replica added by docker-compose up --scale answered its first call %.1f s after the command returned (SERVING after "
                 "%.1f s); load: %s", latency, serving_after, dict(codes))  # fmt: skip
     assert set(codes) == {"OK"}, (codes, load.failures[:10])
 
 
-def test_stack_down_leaves_nothing_running(stack: dict[str, float]) -> None:
-    subprocess.run(["bash", str(STACK), "down"], cwd=ROOT, check=True, timeout=300)
+@pytest.mark.container
+@needs_containers
+def test_stack_down_leaves_nothing_running(stack: Stack) -> None:
+    others = set(podman("ps", "-q").split()) - set(podman("ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}").split())
+    stack_script(stack, "down", check=True, timeout=300)
     assert podman("ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}").split() == []
-    assert not (STATE / "podman.pid").exists() and not (STATE / "healthcheck.pid").exists()
-    service = subprocess.run(["pgrep", "-f", f"podman system service --time=0 unix://{STATE}"], capture_output=True, text=True)
+    assert others <= set(podman("ps", "-q").split()), "down stopped containers of another project"
+    assert not (stack.state / "podman.pid").exists() and not (stack.state / "healthcheck.pid").exists()
+    service = subprocess.run(["pgrep", "-f", f"podman system service --time=0 unix://{stack.state}/"], capture_output=True, text=True)
     assert service.stdout.strip() == "", service.stdout
