@@ -37,8 +37,9 @@ RUN --mount=type=bind,from=source,source=/wheelhouse,target=/tmp/wheelhouse \
 RUN useradd --system --uid 10001 --no-create-home nmt
 COPY --from=models /models/de-en-small/onnx-int8/ /models/de-en-small/onnx-int8/
 USER nmt
-ENV NMT_MODEL_DIR=/models/de-en-small/onnx-int8 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
-EXPOSE 50051 9300
+ENV NMT_MODEL_DIR=/models/de-en-small/onnx-int8 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0 NMT_HTTP_HOST=0.0.0.0
+# gRPC, the HTTP/JSON API (NMT_HTTP_PORT, default 8000), metrics.
+EXPOSE 50051 8000 9300
 HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 CMD ["nmt-health", "--target", "127.0.0.1:50051"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["nmt-serve"]
@@ -55,8 +56,8 @@ RUN useradd --system --uid 10001 --no-create-home nmt
 # fp32 on the GPU (int8 dynamic quantization is a CPU format).
 COPY --from=models /models/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/
 USER nmt
-ENV NMT_MODEL_DIR=/models/de-en-small/onnx-fp32 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0
-EXPOSE 50051 9300
+ENV NMT_MODEL_DIR=/models/de-en-small/onnx-fp32 NMT_HOST=0.0.0.0 NMT_METRICS_HOST=0.0.0.0 NMT_HTTP_HOST=0.0.0.0
+EXPOSE 50051 8000 9300
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 CMD ["nmt-health", "--target", "127.0.0.1:50051"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["nmt-serve"]

@@ -25,14 +25,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def nginx_config(work: Path, grpc_ports: list[int], listen: int, health: int) -> Path:
-    """deploy/nginx.conf with the upstream on loopback replicas and the listen ports free ones."""
-    text = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8")
-    upstream = "\n        ".join(f"server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in grpc_ports)
-    text, replaced = re.subn(r"server translator:50051 [^;]*;", upstream, text)
+# Where the HTTP upstream points when no replica's HTTP port is given: the discard port, closed on loopback, so the
+# balancer's HTTP port answers 502.
+NO_HTTP_PORT = 9
+
+
+def upstream_lines(name: str, ports: list[int] | tuple[int, ...], text: str) -> str:
+    """`text` with its one "server NAME ...;" upstream line replaced by one line per loopback port."""
+    upstream = "\n        ".join(f"server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in ports)
+    text, replaced = re.subn(rf"server {name} [^;]*;", upstream, text)
     if replaced != 1:
-        raise ValueError("deploy/nginx.conf no longer has the one 'server translator:50051' upstream line this rewrites")
+        raise ValueError(f"deploy/nginx.conf no longer has the one 'server {name}' upstream line this rewrites")
+    return text
+
+
+def nginx_config(work: Path, grpc_ports: list[int], listen: int, health: int, http_ports: list[int] | None = None,
+                 http_listen: int | None = None) -> Path:
+    """deploy/nginx.conf with the upstreams on loopback replicas (gRPC ports, HTTP API ports) and the listen ports free
+    ones (the HTTP one chosen here unless given)."""
+    text = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8")
+    text = upstream_lines("translator:50051", grpc_ports, text)
+    text = upstream_lines("translator:8000", http_ports or (NO_HTTP_PORT,), text)
     text = text.replace("listen 8080 http2;", f"listen 127.0.0.1:{listen} http2;").replace("listen 8081;", f"listen 127.0.0.1:{health};")
+    text = text.replace("listen 8000;", f"listen 127.0.0.1:{http_listen or free_port()};")
     text = text.replace("/tmp/nginx", str(work / "nginx"))
     if os.geteuid() == 0:  # workers would switch to "nobody", who cannot write the caller's temp dirs
         text = "user root;\n" + text
@@ -49,14 +64,17 @@ def http_ok(url: str) -> bool:
 
 
 class Balancer:
-    """nginx on free loopback ports in front of `targets` (host:port each); `target` is where clients call."""
+    """nginx on free loopback ports in front of `targets` (host:port each) and the replicas' HTTP API ports
+    `http_targets`; `target` is where gRPC clients call, `http_target` where HTTP clients do."""
 
-    def __init__(self, targets: list[str], work: Path) -> None:
+    def __init__(self, targets: list[str], work: Path, http_targets: list[str] | None = None) -> None:
         if NGINX is None:
             raise RuntimeError("nginx not installed (apt-get install nginx)")
         work.mkdir(parents=True, exist_ok=True)
-        listen, self.health = free_port(), free_port()
-        config = nginx_config(work, [int(target.rsplit(":", 1)[1]) for target in targets], listen, self.health)
+        listen, self.health, http_listen = free_port(), free_port(), free_port()
+        config = nginx_config(work, [int(target.rsplit(":", 1)[1]) for target in targets], listen, self.health,
+                              [int(target.rsplit(":", 1)[1]) for target in http_targets or ()], http_listen)  # fmt: skip
+        self.http_target = f"127.0.0.1:{http_listen}"
         self.log = work / "nginx.log"
         self.process = subprocess.Popen([NGINX, "-c", str(config), "-p", str(work), "-g", "daemon off;"], stdout=subprocess.DEVNULL,
                                         stderr=self.log.open("w"))  # fmt: skip

@@ -3,16 +3,20 @@
 # its configuration, so replicas added later (docker compose up --scale) would get no calls: this script runs nginx
 # on a copy of NMT_NGINX_TEMPLATE whose "server NAME:PORT ...;" line becomes one line per replica that answers
 # grpc.health.v1 SERVING, resolves NAME every NMT_RESOLVE_INTERVAL_S seconds, and reloads nginx when that set changes.
-# A replica warming up or draining (NOT_SERVING) gets no calls. POSIX sh; needs getent, curl with HTTP/2, od.
+# A "server NAME:HTTP_PORT ...;" line (the HTTP/JSON API's upstream) becomes one line per such replica too, each
+# replica's address with HTTP_PORT. A replica warming up or draining (NOT_SERVING) gets no calls. POSIX sh; needs
+# getent, curl with HTTP/2, od.
 #
 # Settings (environment): NMT_NGINX_TEMPLATE (default /etc/nginx/nginx.conf), NMT_UPSTREAM_NAME (translator),
-# NMT_UPSTREAM_PORT (50051), NMT_RESOLVE_INTERVAL_S (1), NMT_NGINX_WORK (/tmp/nginx-run: the generated
-# configuration), NMT_NGINX (nginx), NMT_UPSTREAM_ADDRESSES (host:port list used instead of resolving NAME).
+# NMT_UPSTREAM_PORT (50051), NMT_UPSTREAM_HTTP_PORT (8000; empty: no HTTP upstream line), NMT_RESOLVE_INTERVAL_S
+# (1), NMT_NGINX_WORK (/tmp/nginx-run: the generated configuration), NMT_NGINX (nginx), NMT_UPSTREAM_ADDRESSES
+# (host:port list used instead of resolving NAME).
 set -eu
 
 TEMPLATE=${NMT_NGINX_TEMPLATE:-/etc/nginx/nginx.conf}
 NAME=${NMT_UPSTREAM_NAME:-translator}
 PORT=${NMT_UPSTREAM_PORT:-50051}
+HTTP_PORT=${NMT_UPSTREAM_HTTP_PORT-8000}
 INTERVAL=${NMT_RESOLVE_INTERVAL_S:-1}
 WORK=${NMT_NGINX_WORK:-/tmp/nginx-run}
 NGINX=${NMT_NGINX:-nginx}
@@ -44,14 +48,20 @@ serving_addresses() {
     done
 }
 
-# The template with its upstream line repeated for each address in $1 (its parameters kept).
+# The template with its upstream lines repeated for each address in $1 (their parameters kept): the gRPC line with
+# the addresses as they are, the HTTP line with each address's port replaced by HTTP_PORT.
 render() {
-    UPSTREAMS=$1 awk -v name="$NAME:$PORT" '
-        $1 == "server" && $2 == name {
+    UPSTREAMS=$1 awk -v name="$NAME:$PORT" -v http_name="${HTTP_PORT:+$NAME:$HTTP_PORT}" -v http_port="$HTTP_PORT" '
+        $1 == "server" && ($2 == name || (http_name != "" && $2 == http_name)) {
+            found = $2
             indent = substr($0, 1, index($0, "server") - 1)
-            params = substr($0, index($0, name) + length(name))
+            params = substr($0, index($0, found) + length(found))
             n = split(ENVIRON["UPSTREAMS"], list, " ")
-            for (i = 1; i <= n; i++) print indent "server " list[i] params
+            for (i = 1; i <= n; i++) {
+                address = list[i]
+                if (found != name) sub(/:[0-9]+$/, ":" http_port, address)
+                print indent "server " address params
+            }
             next
         }
         { print }' "$TEMPLATE" >"$CONF.new"

@@ -9,7 +9,8 @@
 # Settings, from the environment:
 #   NMT_STACK_PROJECT  the compose project (default COMPOSE_PROJECT_NAME, else nmt); `down` ends this project only
 #   NMT_STACK_DIR      state: socket, PIDs, logs (default /run/nmt-stack for project nmt, /run/nmt-stack-PROJECT else)
-#   NMT_BIND, NMT_BALANCER_PORT, NMT_PROMETHEUS_PORT  where the stack publishes (docker-compose.yml; 127.0.0.1, 8080, 9090)
+#   NMT_BIND, NMT_BALANCER_PORT, NMT_BALANCER_HTTP_PORT, NMT_PROMETHEUS_PORT  where the stack publishes (docker-compose.yml;
+#                      127.0.0.1, 8080 gRPC, 8000 HTTP/JSON, 9090)
 #   NMT_STACK_REBUILD=1 builds the CPU image without the layer cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -275,12 +276,15 @@ up() {
     start_service
     start_healthchecks
     "${COMPOSE[@]}" up -d --no-build "${SERVICES[@]}"
-    local balancer prometheus
+    local balancer balancer_http prometheus
     balancer=$(published balancer-cpu 8080)
+    balancer_http=$(published balancer-cpu 8000)
     prometheus=$(published prometheus 9090)
     for _ in $(seq 120); do
-        grpc_serving "$balancer" && curl -fsS "http://$prometheus/-/ready" >/dev/null 2>&1 && {
-            log "up: project $PROJECT, balancer on $balancer, Prometheus on $prometheus"; return; }
+        grpc_serving "$balancer" && curl -fsS "http://$balancer_http/readyz" >/dev/null 2>&1 &&
+            curl -fsS "http://$prometheus/-/ready" >/dev/null 2>&1 && {
+            log "up: project $PROJECT, balancer on $balancer (gRPC) and http://$balancer_http (HTTP/JSON), Prometheus on $prometheus"
+            return; }
         sleep 1
     done
     log "the stack did not become ready"; "${COMPOSE[@]}" ps; exit 1

@@ -4,6 +4,8 @@ the Debian prometheus (deploy/prometheus.yml), all on loopback; docker-compose.y
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
+import json
 import os
 import re
 import shutil
@@ -21,7 +23,7 @@ import yaml
 from nmt_serve.bench.balancer import NGINX, Balancer, free_port, http_ok
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2_grpc as pb_grpc
-from tests.serving import query, wait_for
+from tests.serving import RunningServer, held_engines, query, server_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")
@@ -58,7 +60,11 @@ def test_compose_defaults_are_safe() -> None:
                             NMT_TLS_CERT="/run/nmt-tls/cert.pem", NMT_TLS_KEY="/run/nmt-tls/key.pem")  # fmt: skip
     assert chosen.returncode == 0, chosen.stderr
     services = yaml.safe_load(chosen.stdout)["services"]
-    assert [str(port) for port in services["balancer-cpu"]["ports"]] == ["127.0.0.2:8080:8080/tcp"]
+    assert [str(port) for port in services["balancer-cpu"]["ports"]] == ["127.0.0.2:8080:8080/tcp", "127.0.0.2:8000:8000/tcp"]
+    # The balancer's host ports are settings too.
+    moved = compose_config(GRAFANA_ADMIN_PASSWORD="x", NMT_BALANCER_PORT="18080", NMT_BALANCER_HTTP_PORT="18000")
+    assert [str(port) for port in yaml.safe_load(moved.stdout)["services"]["balancer-cpu"]["ports"]] == \
+        ["127.0.0.1:18080:8080/tcp", "127.0.0.1:18000:8000/tcp"]
     environment = services["translator-cpu"]["environment"]
     assert (environment["NMT_AUTH_TOKEN"], environment["NMT_TLS_CERT"], environment["NMT_TLS_KEY"]) == \
         ("t0ken", "/run/nmt-tls/cert.pem", "/run/nmt-tls/key.pem")
@@ -80,6 +86,8 @@ def test_compose_file_is_valid_and_wires_the_stack() -> None:
         grace = float(service["environment"]["NMT_GRACE_S"])
         assert int(re.fullmatch(r"(\d+)s", service["stop_grace_period"]).group(1)) > grace  # type: ignore[union-attr]
         assert service["healthcheck"]["test"][1] == "nmt-health"
+        # The HTTP/JSON API listens on the container network, where the balancer's HTTP upstream finds it.
+        assert (service["environment"]["NMT_HTTP_HOST"], service["environment"]["NMT_HTTP_PORT"]) == ("0.0.0.0", "8000")
     for balancer, translator in (("balancer-gpu", "translator-gpu"), ("balancer-cpu", "translator-cpu")):
         assert services[balancer]["depends_on"][translator]["condition"] == "service_healthy"
     assert services["loadtest"]["profiles"] == ["loadtest"] and "balancer:8080" in services["loadtest"]["command"]
@@ -181,6 +189,59 @@ def test_load_through_nginx_reaches_both_replicas_and_survives_losing_one(cluste
     print(f"calls retried after the replica stopped: {failed_first}")
     assert all(codes[-1] == "OK" for codes in results), failed_first
     assert {code for codes in results for code in codes} <= {"OK", "UNAVAILABLE", "CANCELLED"}
+
+
+LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a stream decoding for 90 steps
+
+
+def post_json(target: str, path: str, body: dict) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection(*target.split(":"), timeout=60)
+    connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return connection.getresponse()
+
+
+def next_event(response: http.client.HTTPResponse) -> dict:
+    """The JSON data of the next server-sent event."""
+    data = None
+    while (line := response.readline()) not in (b"\n", b""):
+        if line.startswith(b"data: "):
+            data = json.loads(line[len(b"data: "):])
+    assert data is not None, "the stream ended"
+    return data
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx binary needed (apt-get install nginx; .ci/run does)")
+def test_http_api_through_nginx_answers_and_streams_each_event_as_it_is_decoded(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """deploy/nginx.conf's HTTP server in front of a replica's --http-port: a translation is the replica's own answer,
+    and a stream's first event reaches the client while the replica's engine is held, its call unfinished. The stream's
+    location turns buffering off itself, not only through the replica's X-Accel-Buffering header."""
+    stream_location = (ROOT / "deploy" / "nginx.conf").read_text(encoding="utf-8").split("location = /v1/translate/stream {", 1)[1]
+    assert "proxy_buffering off;" in stream_location.split("}", 1)[0]
+    with RunningServer(server_settings(tiny_model_dir, http_port=free_port())) as server:
+        balancer = Balancer([server.target], tmp_path, http_targets=[f"127.0.0.1:{server.server.http.port}"])  # type: ignore[union-attr]
+        try:
+            body = {"texts": ["Ich sehe den Hund."], "options": {"beam_size": 2}}
+            through, direct = post_json(balancer.http_target, "/v1/translate", body), post_json(f"127.0.0.1:{server.server.http.port}", "/v1/translate", body)  # type: ignore[union-attr]
+            assert (through.status, json.loads(through.read())) == (direct.status, json.loads(direct.read()))
+            with held_engines(server) as gate, concurrent.futures.ThreadPoolExecutor(1) as pool:
+                response = pool.submit(post_json, balancer.http_target, "/v1/translate/stream", {"text": "Wir mag Kaffee.", "options": LONG})
+                first = pool.submit(lambda: next_event(response.result()))
+                # Steps one at a time until the first event is through: far fewer than the stream's 90.
+                for _ in range(45):
+                    if concurrent.futures.wait([first], timeout=0.5).done:
+                        break
+                    gate.allow(1)
+                assert first.result(timeout=60)["text_delta"] and not first.result()["final"]
+                assert server.server.service.calls_running == 1, "the first event came only once the call had ended"
+                assert response.result().getheader("Content-Type").startswith("text/event-stream")
+                gate.open()
+                rest = [next_event(response.result())]
+                while not rest[-1]["final"]:
+                    rest.append(next_event(response.result()))
+            (best, *_) = rest[-1]["hypotheses"]
+            assert best["token_count"] == 90 and first.result()["text_delta"] + "".join(event["text_delta"] for event in rest) == best["text"]
+        finally:
+            balancer.stop()
 
 
 def test_dockerfile_builds_cpu_and_gpu_targets_torch_free_and_non_root() -> None:

@@ -90,7 +90,7 @@ def test_k8s_settings_are_flags_and_variables_the_server_accepts(rendered: dict[
     # The server ignores an NMT_ variable it does not know, so a misspelt one would pass unnoticed.
     assert variables <= {env_name(field) for field in ServerSettings.__dataclass_fields__}
     settings = settings_of(rendered[overlay])
-    assert (settings.host, settings.metrics_host) == ("0.0.0.0", "0.0.0.0")
+    assert (settings.host, settings.metrics_host, settings.http_host) == ("0.0.0.0", "0.0.0.0", "0.0.0.0")
     env = {item["name"] for item in container(rendered[overlay]).get("env", [])}
     assert env_name("auth_token") in env
 
@@ -192,11 +192,23 @@ def test_k8s_service_is_headless_for_client_side_balancing(rendered: dict[str, l
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_k8s_network_policy_admits_only_the_grpc_and_metrics_ports(rendered: dict[str, list[dict]], overlay: str) -> None:
+def test_k8s_http_api_port_is_the_servers_and_a_service_port(rendered: dict[str, list[dict]], overlay: str) -> None:
+    settings = settings_of(rendered[overlay])
+    assert settings.http_port and port_named(rendered[overlay], "http") == settings.http_port
+    ports = {port["name"]: port for port in one(rendered[overlay], "Service")["spec"]["ports"]}
+    assert (ports["http"]["port"], ports["http"]["targetPort"], ports["http"]["appProtocol"]) == (settings.http_port, "http", "http")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_network_policy_admits_only_the_grpc_http_and_metrics_ports(rendered: dict[str, list[dict]], overlay: str) -> None:
     policy = one(rendered[overlay], "NetworkPolicy")["spec"]
     assert policy["policyTypes"] == ["Ingress"]
     ports = sorted(port["port"] for rule in policy["ingress"] for port in rule["ports"])
-    assert ports == sorted((port_named(rendered[overlay], "grpc"), port_named(rendered[overlay], "metrics")))
+    served = {name: port_named(rendered[overlay], name) for name in ("grpc", "http", "metrics")}
+    assert ports == sorted(served.values())
+    # Clients reach both APIs, from the same pods and namespaces.
+    (client_rule,) = [rule for rule in policy["ingress"] if rule["ports"][0]["port"] == served["grpc"]]
+    assert sorted(port["port"] for port in client_rule["ports"]) == sorted((served["grpc"], served["http"]))
     (metrics_rule,) = [rule for rule in policy["ingress"] if rule["ports"][0]["port"] == port_named(rendered[overlay], "metrics")]
     assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 

@@ -1,5 +1,5 @@
 """The compose stack for real (scripts/stack.sh: the CPU image, two replicas, nginx, Prometheus on podman +
-docker-compose 1.29): load through nginx, both replicas scraped and healthy, rolling restarts and a scale-up under
+docker-compose 1.29): load through nginx, the HTTP/JSON API through nginx, both replicas scraped and healthy, rolling restarts and a scale-up under
 load without a failed call, and nothing left running after `down`; and the containers.conf that scripts/stack.sh
 writes, on files (no podman needed).
 
@@ -63,21 +63,22 @@ class Stack:
     """The test's own stack: where it keeps its state and publishes its ports, and what the tests measured."""
 
     state: Path
-    balancer: str  # host:port
+    balancer: str  # host:port, gRPC
+    balancer_http: str  # base URL of the HTTP/JSON API
     prometheus: str  # base URL
     env: dict[str, str]  # for scripts/stack.sh and docker-compose
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def new_stack(state: Path) -> Stack:
-    balancer_port, prometheus_port = free_port(), free_port()
+    balancer_port, balancer_http_port, prometheus_port = free_port(), free_port(), free_port()
     env = os.environ | {
         "NMT_STACK_PROJECT": PROJECT, "COMPOSE_PROJECT_NAME": PROJECT, "NMT_STACK_DIR": str(state), "NMT_BIND": "127.0.0.1",
-        "NMT_BALANCER_PORT": str(balancer_port), "NMT_PROMETHEUS_PORT": str(prometheus_port),
+        "NMT_BALANCER_PORT": str(balancer_port), "NMT_BALANCER_HTTP_PORT": str(balancer_http_port), "NMT_PROMETHEUS_PORT": str(prometheus_port),
         "DOCKER_HOST": f"unix://{state / 'podman.sock'}",
         "GRAFANA_ADMIN_PASSWORD": os.environ.get("GRAFANA_ADMIN_PASSWORD", "unused-grafana-not-started"),
     }  # fmt: skip
-    return Stack(state, f"127.0.0.1:{balancer_port}", f"http://127.0.0.1:{prometheus_port}", env)
+    return Stack(state, f"127.0.0.1:{balancer_port}", f"http://127.0.0.1:{balancer_http_port}", f"http://127.0.0.1:{prometheus_port}", env)
 
 
 def stack_script(stack: Stack, command: str, timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess:
@@ -229,6 +230,28 @@ def test_stack_serves_through_nginx_with_both_replicas_scraped_and_healthy(stack
     assert all(translated(name) > 0 for name in names), "the balancer left a replica without calls"
     # Prometheus finds both replicas through DNS and scrapes them (dns_sd refresh 15 s, scrape every 5 s).
     assert wait_for(lambda: (up := prometheus_up(stack)) and len(up) == 2 and set(up.values()) == {1.0}, 60), prometheus_up(stack)
+
+
+def post_json(url: str, body: dict) -> urllib.request.Request:
+    return urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.container
+@needs_containers
+def test_stack_serves_the_http_api_through_nginx(stack: Stack) -> None:
+    """POST /v1/translate and a server-sent events stream through the balancer's HTTP port, as a user calls them."""
+    with urllib.request.urlopen(post_json(f"{stack.balancer_http}/v1/translate", {"texts": ["Ich sehe den Hund."]}), timeout=60) as response:
+        answer = json.load(response)
+    (translation,) = answer["translations"]
+    assert answer["model"] == "de-en-small" and translation["hypotheses"][0]["text"], answer
+    with urllib.request.urlopen(post_json(f"{stack.balancer_http}/v1/translate/stream", {"text": "Ich sehe den Hund."}), timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
+    assert len(events) > 1 and events[-1]["final"] and not any(event["final"] for event in events[:-1])
+    # The stream ends on the same best hypothesis as the one-shot call, its deltas adding up to it.
+    assert events[-1]["hypotheses"][0]["text"] == "".join(event["text_delta"] for event in events) == translation["hypotheses"][0]["text"]
+    with urllib.request.urlopen(f"{stack.balancer_http}/readyz", timeout=10) as response:
+        assert json.load(response) == {"status": "ready"}
 
 
 @pytest.mark.container
