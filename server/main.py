@@ -14,16 +14,16 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from nmt_serve.runtime.manifest import ModelDirError
 from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.runtime.self_check import SelfCheckError
 from nmt_serve.server.api.admission import EarlyAdmission
 from nmt_serve.server.api.arrivals import ArrivalClock
-from nmt_serve.server.api.auth import REFLECTION_V1, BearerTokenInterceptor
+from nmt_serve.server.api.auth import BearerTokenInterceptor
 from nmt_serve.server.api.drain import stop_accepting
 from nmt_serve.server.api.http_server import HttpServer
+from nmt_serve.server.api.reflection import add_reflection
 from nmt_serve.server.api.request_deadline import RequestDeadline
 from nmt_serve.server.api.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
 from nmt_serve.server.engine.workers import available_cores, plan_workers
@@ -92,12 +92,7 @@ class Server:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers([self.service.handler()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        servicer = reflection.aio.ReflectionServicer([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1])
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-        # grpcio-reflection ships v1alpha only; v1 has the same messages under another package name, so the same servicer answers it.
-        v1 = grpc.stream_stream_rpc_method_handler(servicer.ServerReflectionInfo, request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-                                                   response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)  # fmt: skip
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1})])
+        add_reflection(server, [SERVICE_NAME, health.SERVICE_NAME])
         address = f"{settings.host}:{settings.port}"
         if settings.tls_cert:
             credentials = grpc.ssl_server_credentials([(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())])

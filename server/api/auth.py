@@ -11,7 +11,7 @@ from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
 # Load balancers and orchestrators probe health without credentials; reflection only describes the API.
-REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # served by server/main.py beside v1alpha
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # served beside v1alpha (server/api/reflection.py)
 OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/", f"/{REFLECTION_V1}/")
 
 
