@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The compose stack (two CPU translator replicas, nginx, Prometheus) on podman + docker-compose 1.29:
+# The compose stack (two CPU translator replicas, nginx, Prometheus, Alertmanager and its webhook receiver) on podman +
+# docker-compose 1.29:
 #   scripts/stack.sh up      install what is missing, build the CPU image, start the stack, wait until it serves
 #   scripts/stack.sh down    docker-compose down, then end the podman service and healthcheck loop this script started
 #   scripts/stack.sh images  only the set-up: packages, containers.conf, base images, a container run, wheelhouse
@@ -9,8 +10,8 @@
 # Settings, from the environment:
 #   NMT_STACK_PROJECT  the compose project (default COMPOSE_PROJECT_NAME, else nmt); `down` ends this project only
 #   NMT_STACK_DIR      state: socket, PIDs, logs (default /run/nmt-stack for project nmt, /run/nmt-stack-PROJECT else)
-#   NMT_BIND, NMT_BALANCER_PORT, NMT_BALANCER_HTTP_PORT, NMT_PROMETHEUS_PORT  where the stack publishes (docker-compose.yml;
-#                      127.0.0.1, 8080 gRPC, 8000 HTTP/JSON, 9090)
+#   NMT_BIND, NMT_BALANCER_PORT, NMT_BALANCER_HTTP_PORT, NMT_PROMETHEUS_PORT, NMT_ALERTMANAGER_PORT  where the stack
+#                      publishes (docker-compose.yml; 127.0.0.1, 8080 gRPC, 8000 HTTP/JSON, 9090, 9093)
 #   NMT_STACK_REBUILD=1 builds the CPU image without the layer cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ export DOCKER_HOST="unix://$SOCKET"
 # Grafana is not started here (no image of it is built); compose still requires its password to parse the file.
 export GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-grafana-not-started}
 COMPOSE=(docker-compose --compatibility --profile cpu)
-SERVICES=(translator-cpu balancer-cpu prometheus)
+SERVICES=(translator-cpu balancer-cpu prometheus alertmanager alert-receiver)
 WHEELHOUSE=deploy/wheelhouse
 PACKAGES=(podman runc buildah debootstrap fuse-overlayfs slirp4netns uidmap docker-compose python3-venv curl)
 CANNOT_RUN=3
@@ -148,10 +149,11 @@ check_containers_run() {
 # The images the Dockerfile and compose file name, built from Debian packages where no registry is reachable: the
 # same names, so that both files build and run unchanged.
 build_stand_ins() {
-    local python_image nginx_image prometheus_image
+    local python_image nginx_image prometheus_image alertmanager_image
     python_image=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
     nginx_image=$(sed -n 's/^ *image: \(nginx:.*\)/\1/p' docker-compose.yml)
     prometheus_image=$(sed -n 's/^ *image: \(prom\/prometheus:.*\)/\1/p' docker-compose.yml)
+    alertmanager_image=$(sed -n 's/^ *image: \(prom\/alertmanager:.*\)/\1/p' docker-compose.yml)
     stand_in "$python_image" "python3 python3-venv passwd" \
         'RUN python3 -m venv /usr/local/python && ln -s /usr/local/python/bin/pip /usr/local/bin/pip
 ENV PATH=/usr/local/python/bin:$PATH
@@ -163,6 +165,14 @@ USER prometheus
 WORKDIR /prometheus
 ENTRYPOINT ["/usr/bin/prometheus"]
 CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
+    # The official image's layout: /bin/alertmanager (/bin is /usr/bin in Debian) as user nobody in /alertmanager.
+    stand_in "docker.io/$alertmanager_image" "prometheus-alertmanager wget" 'RUN ln -s prometheus-alertmanager /usr/bin/alertmanager \
+    && mkdir -p /alertmanager && chown nobody /alertmanager
+USER nobody
+WORKDIR /alertmanager
+EXPOSE 9093
+ENTRYPOINT ["/bin/alertmanager"]
+CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]'
 }
 
 # stand_in NAME "PACKAGES" "DOCKERFILE LINES": Debian + those packages, tagged NAME.
@@ -276,14 +286,16 @@ up() {
     start_service
     start_healthchecks
     "${COMPOSE[@]}" up -d --no-build "${SERVICES[@]}"
-    local balancer balancer_http prometheus
+    local balancer balancer_http prometheus alertmanager
     balancer=$(published balancer-cpu 8080)
     balancer_http=$(published balancer-cpu 8000)
     prometheus=$(published prometheus 9090)
+    alertmanager=$(published alertmanager 9093)
     for _ in $(seq 120); do
         grpc_serving "$balancer" && curl -fsS "http://$balancer_http/readyz" >/dev/null 2>&1 &&
-            curl -fsS "http://$prometheus/-/ready" >/dev/null 2>&1 && {
-            log "up: project $PROJECT, balancer on $balancer (gRPC) and http://$balancer_http (HTTP/JSON), Prometheus on $prometheus"
+            curl -fsS "http://$prometheus/-/ready" >/dev/null 2>&1 && curl -fsS "http://$alertmanager/-/ready" >/dev/null 2>&1 && {
+            log "up: project $PROJECT, balancer on $balancer (gRPC) and http://$balancer_http (HTTP/JSON), Prometheus on $prometheus," \
+                "Alertmanager on $alertmanager"
             return; }
         sleep 1
     done

@@ -1,4 +1,5 @@
-"""deploy/alerts.yml: promtool checks the rules and runs their unit tests (deploy/alerts_test.yml)."""
+"""deploy/alerts.yml: promtool checks the rules and runs their unit tests (deploy/alerts_test.yml); amtool checks
+deploy/alertmanager.yml and routes every alert through it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+AMTOOL = shutil.which("amtool")
+needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (apt-get install prometheus-alertmanager)")
+# How the rules on `up` tell nmt-serve's targets from any other: a target label, not a job name (deploy/alerts.yml).
+REPLICA_SELECTOR = 'up{app_kubernetes_io_name="nmt-serve"}'
 
 
 def rules() -> list[dict]:
@@ -58,3 +63,35 @@ def test_rules_use_only_exported_metrics_and_are_loaded() -> None:
     assert used and used <= exported, sorted(used - exported)
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
     assert config["rule_files"] == ["alerts.yml"]
+
+
+def test_rules_select_replicas_by_the_label_prometheus_sets_not_by_job() -> None:
+    """A job name differs between the compose Prometheus and a cluster's, so no rule names one; every `up` selector is
+    the one label, which deploy/prometheus.yml sets on its job and Kubernetes' pod label gives."""
+    for rule in rules():
+        assert "job=" not in rule["expr"], rule["alert"]
+        assert set(re.findall(r"\bup\{[^}]*\}", rule["expr"])) <= {REPLICA_SELECTOR}, rule["alert"]
+    assert sum(REPLICA_SELECTOR in rule["expr"] for rule in rules()) == 3
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
+    (job,) = config["scrape_configs"]
+    label, value = re.fullmatch(r'up\{(\w+)="([^"]+)"\}', REPLICA_SELECTOR).groups()  # type: ignore[union-attr]
+    assert {"target_label": label, "replacement": value} in job["relabel_configs"]
+    # The same label from the pods' app.kubernetes.io/name, as Prometheus sanitises label names.
+    pod_labels = yaml.safe_load((DEPLOY / "k8s" / "base" / "deployment.yaml").read_text(encoding="utf-8"))["spec"]["template"]["metadata"]["labels"]
+    assert {re.sub(r"[^a-zA-Z0-9_]", "_", name): pod_value for name, pod_value in pod_labels.items()}[label] == value
+
+
+@needs_amtool
+def test_alertmanager_config_is_valid() -> None:
+    result = subprocess.run([AMTOOL, "check-config", "alertmanager.yml"], cwd=DEPLOY, capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_amtool
+@pytest.mark.parametrize("alert", [rule["alert"] for rule in rules()])
+def test_alertmanager_routes_every_alert_to_a_receiver(alert: str) -> None:
+    labels = next(rule["labels"] for rule in rules() if rule["alert"] == alert)
+    result = subprocess.run([AMTOOL, "config", "routes", "test", "--config.file=alertmanager.yml", f"alertname={alert}",
+                             *(f"{name}={value}" for name, value in labels.items())], cwd=DEPLOY, capture_output=True, text=True, timeout=60)  # type: ignore[list-item]  # fmt: skip
+    receivers = {receiver["name"] for receiver in yaml.safe_load((DEPLOY / "alertmanager.yml").read_text(encoding="utf-8"))["receivers"]}
+    assert result.returncode == 0 and result.stdout.strip() in receivers, result.stdout + result.stderr

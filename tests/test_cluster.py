@@ -46,7 +46,7 @@ def test_compose_defaults_are_safe() -> None:
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     published = {name: [str(port) for port in service["ports"]] for name, service in services.items() if service.get("ports")}
-    assert set(published) == {"balancer-gpu", "balancer-cpu", "prometheus", "grafana"}
+    assert set(published) == {"balancer-gpu", "balancer-cpu", "prometheus", "alertmanager", "grafana"}
     # Every published port is bound to loopback unless NMT_BIND says otherwise.
     assert all(port.startswith("127.0.0.1:") for ports in published.values() for port in ports), published
     grafana = services["grafana"]["environment"]
@@ -94,6 +94,14 @@ def test_compose_file_is_valid_and_wires_the_stack() -> None:
     assert any("deploy/grafana/provisioning" in str(volume) for volume in services["grafana"]["volumes"])
     # Prometheus gets the alert rules next to its config, where deploy/prometheus.yml's rule_files looks.
     assert any(str(volume).endswith("deploy/alerts.yml:/etc/prometheus/alerts.yml:ro") for volume in services["prometheus"]["volumes"])
+    # ... and sends the alerts to the Alertmanager service, whose one receiver is the alert-receiver service.
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+    (alertmanagers,) = prometheus["alerting"]["alertmanagers"]
+    assert alertmanagers["static_configs"] == [{"targets": ["alertmanager:9093"]}]
+    assert any(str(volume).endswith("deploy/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro") for volume in services["alertmanager"]["volumes"])
+    alertmanager = yaml.safe_load((ROOT / "deploy" / "alertmanager.yml").read_text(encoding="utf-8"))
+    (receiver,) = alertmanager["receivers"]
+    assert receiver["webhook_configs"][0]["url"] == "http://alert-receiver:9095/" and "alert-receiver" in services
 
 
 def start_replica(model_dir: Path, work: Path, name: str) -> tuple[subprocess.Popen, int, int]:

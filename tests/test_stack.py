@@ -1,7 +1,7 @@
-"""The compose stack for real (scripts/stack.sh: the CPU image, two replicas, nginx, Prometheus on podman +
-docker-compose 1.29): load through nginx, the HTTP/JSON API through nginx, both replicas scraped and healthy, rolling restarts and a scale-up under
-load without a failed call, and nothing left running after `down`; and the containers.conf that scripts/stack.sh
-writes, on files (no podman needed).
+"""The compose stack for real (scripts/stack.sh: the CPU image, two replicas, nginx, Prometheus, Alertmanager on podman
++ docker-compose 1.29): load and the HTTP/JSON API through nginx, both replicas scraped and healthy, an alert delivered
+to the receiver, rolling restarts and a scale-up under load without a failed call, and nothing left running after
+`down`; and the containers.conf that scripts/stack.sh writes, on files (no podman needed).
 
 The stack runs as its own compose project with its own state dir and free ports, so a stack already up (the default
 project of `make stack` included) is left alone. Runs where podman is installed (scripts/stack.sh installs the
@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nmt_serve.bench.balancer import free_port
 from tests.serving import wait_for
@@ -70,11 +71,31 @@ class Stack:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
+# The test's alerting: the shipped rules and routes with every wait short, so that an alert reaches the receiver
+# within seconds of its cause (compose's NMT_ALERT_RULES and NMT_ALERTMANAGER_CONFIG).
+ALERT_FOR = "5s"
+ROUTE_WAITS = {"group_wait": "1s", "group_interval": "5s"}
+
+
+def write_short_alerting(state: Path) -> dict[str, str]:
+    """deploy/alerts.yml with every `for:` ALERT_FOR and deploy/alertmanager.yml with ROUTE_WAITS, in `state`."""
+    rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = ALERT_FOR
+    routes = yaml.safe_load((ROOT / "deploy" / "alertmanager.yml").read_text(encoding="utf-8"))
+    routes["route"] |= ROUTE_WAITS
+    (state / "alerts.yml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+    (state / "alertmanager.yml").write_text(yaml.safe_dump(routes), encoding="utf-8")
+    return {"NMT_ALERT_RULES": str(state / "alerts.yml"), "NMT_ALERTMANAGER_CONFIG": str(state / "alertmanager.yml")}
+
+
 def new_stack(state: Path) -> Stack:
     balancer_port, balancer_http_port, prometheus_port = free_port(), free_port(), free_port()
-    env = os.environ | {
+    env = os.environ | write_short_alerting(state) | {
         "NMT_STACK_PROJECT": PROJECT, "COMPOSE_PROJECT_NAME": PROJECT, "NMT_STACK_DIR": str(state), "NMT_BIND": "127.0.0.1",
         "NMT_BALANCER_PORT": str(balancer_port), "NMT_BALANCER_HTTP_PORT": str(balancer_http_port), "NMT_PROMETHEUS_PORT": str(prometheus_port),
+        "NMT_ALERTMANAGER_PORT": str(free_port()),
         "DOCKER_HOST": f"unix://{state / 'podman.sock'}",
         "GRAFANA_ADMIN_PASSWORD": os.environ.get("GRAFANA_ADMIN_PASSWORD", "unused-grafana-not-started"),
     }  # fmt: skip
@@ -95,10 +116,16 @@ def podman(*args: str, timeout: float = 120) -> str:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=True).stdout
 
 
-def replicas() -> list[str]:
-    """Names of the running translator containers, in order."""
+def replicas(service: str = "translator-cpu") -> list[str]:
+    """Names of the service's running containers (the translator replicas by default), in order."""
     return sorted(podman("ps", "--filter", f"label=com.docker.compose.project={PROJECT}",
-                         "--filter", "label=com.docker.compose.service=translator-cpu", "--format", "{{.Names}}").split())  # fmt: skip
+                         "--filter", f"label=com.docker.compose.service={service}", "--format", "{{.Names}}").split())  # fmt: skip
+
+
+def received_alerts() -> list[dict]:
+    """What the alert-receiver service logged: one JSON object per alert of each notification (deploy/alert-receiver.py)."""
+    (receiver,) = replicas("alert-receiver")
+    return [json.loads(line) for line in podman("logs", receiver).splitlines() if line.startswith("{")]
 
 
 def translated(container: str) -> float:
@@ -308,6 +335,31 @@ def test_stack_replica_added_under_load_receives_calls(stack: Stack) -> None:
     logger.info("a replica added by docker-compose up --scale answered its first call %.1f s after the command returned (SERVING after "
                 "%.1f s); load: %s", latency, serving_after, dict(codes))  # fmt: skip
     assert set(codes) == {"OK"}, (codes, load.failures[:10])
+
+
+@pytest.mark.container
+@needs_containers
+def test_stack_routes_a_replica_down_alert_to_the_receiver(stack: Stack) -> None:
+    """A replica paused (its container keeps its address, so Prometheus keeps its target and every scrape fails):
+    NmtReplicaDown fires in Prometheus, Alertmanager delivers it to the webhook receiver, and its resolution once the
+    replica answers again. The rules' `for:` and the route's waits are short here (write_short_alerting)."""
+    victim = replicas()[0]
+    address = podman("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", victim).strip()
+
+    def delivered(status: str) -> list[dict]:
+        return [alert for alert in received_alerts() if alert["labels"]["alertname"] == "NmtReplicaDown" and alert["status"] == status
+                and alert["labels"]["instance"] == f"{address}:9300"]  # fmt: skip
+
+    podman("pause", victim)
+    try:
+        firing = wait_for(lambda: delivered("firing"), 120)
+    finally:
+        podman("unpause", victim)
+    assert firing, (received_alerts(), json.load(urllib.request.urlopen(f"{stack.prometheus}/api/v1/alerts", timeout=5)))
+    assert firing[0]["receiver"] == "webhook" and firing[0]["labels"]["severity"] == "page"
+    assert firing[0]["labels"]["app_kubernetes_io_name"] == "nmt-serve" and firing[0]["annotations"]["summary"] == f"nmt-serve replica {address}:9300 is down"
+    assert wait_for(lambda: delivered("resolved"), 120), received_alerts()
+    assert wait_for(lambda: serving(victim), 60)
 
 
 @pytest.mark.container
