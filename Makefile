@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus corpus-packages protos stack stack-down stack-test
+.PHONY: install test serve corpus corpus-packages protos stack stack-down stack-restart stack-test
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
@@ -40,6 +40,11 @@ stack:
 
 stack-down:
 	scripts/stack.sh down
+
+# A rolling restart of the replicas that fails no call: each drained (podman restart -t 30), each back in nginx before
+# the next stops. A plain `docker restart` through podman's Docker API kills a replica at once.
+stack-restart:
+	scripts/stack.sh restart
 
 # Load, rolling restarts and a scale-up through a stack of its own project and ports, then its `down`
 # (tests/test_stack.py); skipped where no container can run, with podman's reason.

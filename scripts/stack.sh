@@ -3,6 +3,8 @@
 # docker-compose 1.29:
 #   scripts/stack.sh up      install what is missing, build the CPU image, start the stack, wait until it serves
 #   scripts/stack.sh down    docker-compose down, then end the podman service and healthcheck loop this script started
+#   scripts/stack.sh restart restart the translator replicas one at a time, each drained (podman restart -t), each back in
+#                            the balancer before the next
 #   scripts/stack.sh images  only the set-up: packages, containers.conf, base images, a container run, wheelhouse
 #   scripts/stack.sh conf    only containers.conf (CONTAINERS_CONF names another file, as it does for podman)
 # Idempotent: each step is skipped when its result exists. Run as root on Debian bookworm.
@@ -13,6 +15,7 @@
 #   NMT_BIND, NMT_BALANCER_PORT, NMT_BALANCER_HTTP_PORT, NMT_PROMETHEUS_PORT, NMT_ALERTMANAGER_PORT  where the stack
 #                      publishes (docker-compose.yml; 127.0.0.1, 8080 gRPC, 8000 HTTP/JSON, 9090, 9093)
 #   NMT_STACK_REBUILD=1 builds the CPU image without the layer cache.
+#   NMT_STOP_TIMEOUT_S  how long `restart` lets a replica drain before SIGKILL (default 30: docker-compose.yml's stop_grace_period)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -302,6 +305,33 @@ up() {
     log "the stack did not become ready"; "${COMPOSE[@]}" ps; exit 1
 }
 
+container_of() { podman ps --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | sort; }
+
+# A rolling restart that fails no call. Each replica gets SIGTERM and NMT_STOP_TIMEOUT_S seconds to drain before it
+# is killed: `podman restart` and `docker restart` need -t for that (podman's Docker API restarts with no timeout
+# given kill a replica at once, failing the calls it holds). The next replica stops only once this one is SERVING and
+# nginx-upstreams.sh has put it back into nginx's upstreams, so that one replica's capacity is away at a time.
+restart() {
+    local timeout=${NMT_STOP_TIMEOUT_S:-30} balancer container address started
+    start_service
+    balancer=$(container_of balancer-cpu)
+    for container in $(container_of translator-cpu); do
+        started=$SECONDS
+        log "restarting $container (SIGTERM, up to $timeout s to drain)"
+        # podman's own messages about systemd healthcheck timers (there is no systemd here) only on failure.
+        podman restart -t "$timeout" "$container" >/dev/null 2>"$STATE/restart.log" || { cat "$STATE/restart.log" >&2; exit 1; }
+        address=$(podman inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$container")
+        for _ in $(seq 120); do
+            podman exec "$container" nmt-health --target 127.0.0.1:50051 >/dev/null 2>&1 &&
+                podman exec "$balancer" grep -q "server $address:50051 " /tmp/nginx-run/nginx.conf 2>/dev/null && break
+            sleep 1
+        done
+        podman exec "$balancer" grep -q "server $address:50051 " /tmp/nginx-run/nginx.conf ||
+            { log "$container ($address) is not back in the balancer"; exit 1; }
+        log "$container is back in the balancer after $((SECONDS - started)) s"
+    done
+}
+
 down() {
     mkdir -p "$STATE"
     command -v podman >/dev/null || return 0
@@ -315,7 +345,8 @@ down() {
 case ${1:-} in
     up) up ;;
     down) down ;;
+    restart) restart ;;
     images) images ;;
     conf) write_containers_conf ;;
-    *) echo "usage: $0 up|down|images|conf" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|restart|images|conf" >&2; exit 2 ;;
 esac
