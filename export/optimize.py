@@ -8,6 +8,8 @@ from pathlib import Path
 
 import onnx
 
+from nmt_serve.export.row_quantization import quantize_rows
+
 logger = logging.getLogger(__name__)
 
 
@@ -25,7 +27,7 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     onnx.save(model.model, str(target))
 
 
-INT8_SCHEMES = ("u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32")
+INT8_SCHEMES = ("u8s8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
 DEFAULT_INT8_SCHEME = INT8_SCHEMES[0]
 OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
 
@@ -33,11 +35,16 @@ OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/de
 def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEME) -> None:
     """Dynamic int8 quantization of MatMul weights (per channel) and of the embedding Gather.
 
-    Activations are quantized per call to uint8 (except w8-fp32). The schemes differ in the weights:
-    - u8s8-reduce-range (the default): 7-bit signed weights. x86 kernels without VNNI add pairs of
-      u8 x s8 products in saturating 16-bit lanes; with 7 bits a pair is at most 2 x 255 x 64 = 32640,
-      under the lane's 32767, so the products are exact on AVX2, AVX-512 and VNNI alike, and the
-      fast u8s8 kernels (VNNI's included) still run.
+    Activations are quantized per call to uint8 (except w8-fp32). The schemes differ in how:
+    - u8s8-rows (the default): every row of an activation (one token's vector) gets its own scale,
+      max|x| / 127, and zero point 128 (export/row_quantization.py), so a row's int8 input, and with exact
+      integer products its result, does not depend on the other rows of the call: a request's output
+      is the same alone or batched with any others. 7-bit signed weights as in u8s8-reduce-range.
+    - u8s8-reduce-range: one scale for the whole activation tensor (ONNX Runtime's DynamicQuantizeLinear),
+      so a row's result depends on the rows it is batched with. 7-bit signed weights: x86 kernels without
+      VNNI add pairs of u8 x s8 products in saturating 16-bit lanes; with 7 bits a pair is at most
+      2 x 255 x 64 = 32640, under the lane's 32767, so the products are exact on AVX2, AVX-512 and VNNI
+      alike, and the fast u8s8 kernels (VNNI's included) still run.
     - u8u8: 8-bit unsigned weights, multiplied in 16-bit lanes that accumulate in 32 bits: exact
       everywhere too, level at batch 1 but 6-14% fewer tokens/s at 8-32 rows on an AVX2 core, and off
       the VNNI kernels.
@@ -46,7 +53,10 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
       for the exact schemes).
     - u8s8-fp32-logits: u8s8 with the vocabulary projection left in fp32.
     - w8-fp32: 8-bit weights in blocks of 32 (MatMulNBits), dequantized and multiplied in fp32:
-      exact everywhere and the closest to fp32, but 1.6-11x slower than fp32 on ONNX Runtime's CPU kernels.
+      the closest to fp32, but 1.6-11x slower than fp32 on ONNX Runtime's CPU kernels.
+    - w8a8-rows: the same 8-bit weight blocks, multiplied in int8 (MatMulNBits accuracy level 4), which
+      quantizes each row's activations per block of 32 itself: batch-invariant and the closest of the
+      int8 schemes to fp32, slower than u8s8-rows from 8 rows up, and measured only on AVX-512 VNNI.
     bench/results/int8_schemes.md has the measurements (nmt-int8-schemes).
 
     Pre-processing first: without it the tied output projection (a transposed embedding) stays
@@ -62,22 +72,26 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
         op_types = ["MatMul", "Gemm", "Gather"]
-        if scheme == "w8-fp32":
-            quantize_weights_blockwise(prepared, prepared)
+        if scheme in ("w8-fp32", "w8a8-rows"):
+            quantize_weights_blockwise(prepared, prepared, accuracy_level=4 if scheme == "w8a8-rows" else None)
             op_types = ["Gather"]
         weight_type = QuantType.QUInt8 if scheme == "u8u8" else QuantType.QInt8
         excluded = [OUTPUT_PROJECTION] if scheme == "u8s8-fp32-logits" else []
         # Shape inference knows nothing of the contrib attention ops' outputs: they are float.
         quantize_dynamic(str(prepared), str(target), weight_type=weight_type, per_channel=True, op_types_to_quantize=op_types,
-                         reduce_range=scheme == "u8s8-reduce-range", nodes_to_exclude=excluded,
+                         reduce_range=scheme in ("u8s8-reduce-range", "u8s8-rows"), nodes_to_exclude=excluded,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
+        if scheme == "u8s8-rows":
+            model = onnx.load(str(target))
+            quantize_rows(model)
+            onnx.save(model, str(target))
 
 
-def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32) -> None:
+def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32, accuracy_level: int | None = None) -> None:
     """MatMul weights to symmetric 8-bit blocks (MatMulNBits); activations stay fp32."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=block_size, is_symmetric=True)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level)
     quantizer.process()
     onnx.save(quantizer.model.model, str(target))
 

@@ -116,6 +116,24 @@ def check_search(torch_step: TorchStep, ort_step: OrtStep, tokenizer: Any, pairs
     return compare_searches(expected, actual, tokenizer, [ref for _, ref in pairs])
 
 
+BATCH_CHECK_SENTENCES = 32
+
+
+def check_batch_invariance(ort_step: OrtStep, sources: Sequence[Sequence[int]], config: Any) -> dict[str, Any]:
+    """Per search: the first BATCH_CHECK_SENTENCES sources decoded one at a time against all of them in
+    one batch: identical token ids, and the largest score difference (0.0 where the model dir is batch-invariant)."""
+    sources = list(sources[:BATCH_CHECK_SENTENCES])
+    report: dict[str, Any] = {"sentences": len(sources)}
+    for name, options in SEARCHES.items():
+        alone = decode_all(ort_step, sources, options, config, 1, f"{name} alone")
+        packed = decode_all(ort_step, sources, options, config, len(sources), f"{name} packed")
+        report[name] = {
+            "identical_tokens": sum(a.token_ids == b.token_ids for a, b in zip(alone, packed, strict=True)),
+            "max_score_diff": max(abs(a.score - b.score) for a, b in zip(alone, packed, strict=True)),
+        }
+    return report
+
+
 def random_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """Stand-in sentences when no test TSV is given: German-looking words, no reference quality implied."""
     rng = np.random.default_rng(seed)
@@ -141,6 +159,8 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
         "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
         "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),
     }
+    search_sources = [ids[: config.max_positions - 1] for ids in checkpoint.tokenizer.encode_batch([src for src, _ in pairs])]
+    report["batch"] = check_batch_invariance(ort_step, search_sources, config)
     report["seconds"] = round(time.perf_counter() - started, 1)
     update_parity(model_dir, report)
     sys.stdout.write(format_report(report) + "\n")
@@ -160,4 +180,8 @@ def format_report(report: dict[str, Any]) -> str:
     for name, result in report["search"].items():
         lines.append(f"| tokens | {name}: identical token ids | {result['identical_tokens']}/{result['sentences']} ({100 * result['identical_ratio']:.1f}%) |")
         lines.append(f"| text | {name}: BLEU torch / onnx (delta) | {result['bleu_torch']:.2f} / {result['bleu_onnx']:.2f} ({result['bleu_delta']:+.2f}) |")
+    batch = report.get("batch")
+    for name in SEARCHES if batch else ():
+        lines.append(f"| batch | {name}: alone = packed token ids (max score diff) | {batch[name]['identical_tokens']}/{batch['sentences']} "
+                     f"({batch[name]['max_score_diff']:.1e}) |")  # fmt: skip
     return "\n".join(lines)

@@ -40,6 +40,11 @@ MAX_REFERENCE_TOKENS = 48  # per sentence: enough to cover every layer's cache a
 # (whose exact products were reproduced through u8u8 kernels) moved it by 0.195: the bound of 0.05
 # lies between. fp16 runs on CUDA, whose kernels round unlike the exporting host's: 0.1, unmeasured.
 SELF_CHECK_BOUNDS = {"fp32": 1e-3, "int8": 0.05, "fp16": 0.1}
+# Precisions whose log-probs must not depend on the batch: the reference sentences teacher-forced each
+# alone and all packed in one batch must agree bit for bit (int8 quantizes each row with its own scale,
+# and every source width is a multiple of runtime/step_cache.py SOURCE_WIDTH_MULTIPLE). fp16 runs on
+# CUDA kernels that choose their tiling by batch size, so it is checked against its bound only.
+BATCH_INVARIANT_PRECISIONS = ("fp32", "int8")
 
 Encode = Callable[[np.ndarray, np.ndarray], list[np.ndarray]]
 
@@ -53,15 +58,24 @@ class SelfCheckResult:
     bound: float
     reference_cpu: str  # the exporting host, as describe_cpu words it
     cpu: str  # this host
+    # Largest |log-prob difference| between each sentence teacher-forced alone and all of them packed in one
+    # batch; None where the precision is not required to be batch-invariant (BATCH_INVARIANT_PRECISIONS).
+    batch_diff: float | None = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.batch_diff is None or self.batch_diff == 0.0
 
     @property
     def passed(self) -> bool:
-        return self.max_log_prob_diff <= self.bound
+        return self.max_log_prob_diff <= self.bound and self.batch_invariant
 
     def describe(self) -> str:
-        verdict = "within" if self.passed else "BEYOND"
+        verdict = "within" if self.max_log_prob_diff <= self.bound else "BEYOND"
+        batch = "" if self.batch_diff is None else (
+            "; alone and packed: bit-identical" if self.batch_invariant else f"; alone and packed: DIFFER by up to {self.batch_diff:.2e}")
         return (f"{self.reference_path}: max |log-prob diff| {self.max_log_prob_diff:.2e} over {self.tokens} tokens of {self.sentences} "
-                f"sentences, {verdict} the bound {self.bound:g}; exported on {self.reference_cpu}, checked on {self.cpu}")  # fmt: skip
+                f"sentences, {verdict} the bound {self.bound:g}{batch}; exported on {self.reference_cpu}, checked on {self.cpu}")  # fmt: skip
 
 
 class SelfCheckError(ValueError):
@@ -89,6 +103,15 @@ def forced_log_probs(encode: Encode, cache: StepCache, config: ModelConfig, sour
             if position < len(expected):
                 scores[row][position] = log_probs[row, expected[position]]
     return scores
+
+
+def batch_difference(encode: Encode, cache: StepCache, config: ModelConfig, sources: Sequence[Sequence[int]],
+                     targets: Sequence[Sequence[int]], packed: Sequence[np.ndarray] | None = None) -> float:  # fmt: skip
+    """Largest |log-prob difference| between each sentence teacher-forced alone and all of them in one batch (0.0: invariant).
+    `packed`: forced_log_probs of all of them together, when the caller has it already."""
+    packed = packed if packed is not None else forced_log_probs(encode, cache, config, sources, targets)
+    alone = [forced_log_probs(encode, cache, config, [source], [target])[0] for source, target in zip(sources, targets, strict=True)]
+    return float(max(np.abs(one - together).max() for one, together in zip(alone, packed, strict=True)))
 
 
 def write_reference(model_dir: Path, encode: Encode, step: Any, cache: StepCache, config: ModelConfig, precision: str,
@@ -135,10 +158,15 @@ def load_reference(model_dir: Path, config: ModelConfig) -> dict[str, Any] | Non
 def check_host(model_dir: Path, reference: dict[str, Any], encode: Encode, cache: StepCache, config: ModelConfig) -> SelfCheckResult:
     """The stored tokens (`reference`, loaded from `model_dir`) through this host's sessions, against the stored log-probs."""
     sentences = reference["sentences"]
-    scores = forced_log_probs(encode, cache, config, [s["source_ids"] for s in sentences], [s["target_ids"] for s in sentences])
+    sources, targets = [s["source_ids"] for s in sentences], [s["target_ids"] for s in sentences]
+    scores = forced_log_probs(encode, cache, config, sources, targets)
     diffs = [np.abs(score - np.asarray(s["log_probs"], dtype=np.float64)).max() for score, s in zip(scores, sentences, strict=True)]
+    batch_diff = None
+    if reference.get("precision") in BATCH_INVARIANT_PRECISIONS:
+        batch_diff = batch_difference(encode, cache, config, sources, targets, scores)
     result = SelfCheckResult(reference_path=str(Path(model_dir) / SELF_CHECK_FILE), sentences=len(sentences), tokens=sum(len(s["log_probs"]) for s in sentences), max_log_prob_diff=float(max(diffs)),
-                             bound=float(reference["bound"]), reference_cpu=describe_cpu(reference.get("cpu", {})), cpu=describe_cpu(cpu_facts()))  # fmt: skip
+                             bound=float(reference["bound"]), reference_cpu=describe_cpu(reference.get("cpu", {})), cpu=describe_cpu(cpu_facts()),
+                             batch_diff=batch_diff)  # fmt: skip
     (logger.info if result.passed else logger.error)("self-check: %s", result.describe())
     return result
 

@@ -21,6 +21,12 @@ import numpy as np
 # Up to this many rows the Python version runs: 2x-4x faster at 1-16 rows, level at 32 rows of 32 sources
 # (warm caches, where numpy fares best; 13-34 us against 55-60 us at 1-32 rows of beams of 4).
 PYTHON_LAYOUT_ROWS = 32
+# Every source has at least this many queries (a source read by one row repeats it). Cross-attention
+# multiplies each source's queries by its keys in one MatMul, and ONNX Runtime's CPU MatMul takes another
+# kernel for a single row than for two or more, rounding differently (measured: 5.7e-6 apart on the same
+# row): with one query a greedy row alone would differ from the same row beside a beam. From 2 rows up a
+# row's product is the same whatever the row count, so the result no longer depends on the batch.
+MIN_QUERIES = 2
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ def source_layout_python(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) 
     for row, key in enumerate(row_keys):
         rows_of[place_of[key]].append(row)
     queries = max((len(rows) for rows in rows_of), default=0)
+    queries = max(queries, MIN_QUERIES) if rows_of else 0
     row_queries = [0] * len(row_keys)
     for place, rows in enumerate(rows_of):
         for rank, row in enumerate(rows):
@@ -85,6 +92,7 @@ def source_layout_numpy(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) -
     # Rows grouped by source (in row order); a source with fewer rows than the most repeats its first row.
     counts = np.bincount(place_of_row, minlength=sources)
     queries = int(counts.max(initial=0))
+    queries = max(queries, MIN_QUERIES) if sources else 0
     by_source = np.argsort(place_of_row, kind="stable")
     starts = np.cumsum(counts) - counts
     rank = np.arange(rows) - np.repeat(starts, counts)

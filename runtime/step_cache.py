@@ -43,6 +43,12 @@ KEEP_BYTES = 64 << 20
 SMALL_COPY_SLOTS = 64
 # Source buffers are not narrowed below this width (a narrower call saves little and would rebind often).
 MIN_SOURCE_WIDTH = 16
+# Every source width the decoder sees (the cross-attention's key length) is a multiple of this. ONNX Runtime's
+# MultiHeadAttention sums a row's attention in an order that depends on the key length: measured, a row's
+# log-probs moved by up to 7.6e-6 when another row's longer source widened the call by a few tokens, and by 0
+# at every width that is a multiple of 8 (16 and 32 too). Masked positions add exact zeros, so a row's result
+# no longer depends on the rows it is batched with: what int8 with per-row scales needs to be batch-invariant.
+SOURCE_WIDTH_MULTIPLE = 16
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, sources, queries) layout met since the buffers last moved
 
 
@@ -53,11 +59,17 @@ class Binding:
     candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
 
 
+def source_width(tokens: int) -> int:
+    """`tokens` rounded up to a multiple of SOURCE_WIDTH_MULTIPLE: the width a source buffer of them gets."""
+    return -(-tokens // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
+
+
 def fitted_width(width_cap: int, needed: int) -> int:
     """The width source buffers (and the engine's pool of encoded sources) should have for sources of at
     most `needed` tokens: grown to fit, narrowed to `needed` (not below MIN_SOURCE_WIDTH) once that is at
     most half of it (a long source has left, and cross-attention runs over the whole bound width), else
-    kept as it is."""
+    kept as it is; always a multiple of SOURCE_WIDTH_MULTIPLE."""
+    needed = source_width(needed)
     if needed > width_cap:
         return needed
     if width_cap > MIN_SOURCE_WIDTH and 2 * needed <= width_cap:

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
+from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_to_int8
 from nmt_serve.runtime.ort_step import make_session
 
 ROWS, DEPTH, COLUMNS = 8, 64, 16
@@ -29,7 +29,7 @@ def quantized_weight(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return initializers["weight_quantized"], initializers["weight_scale"], initializers["weight_zero_point"]
 
 
-def test_int8_default_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Path) -> None:
+def test_int8_per_tensor_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Path) -> None:
     """The activations sit on the quantization grid (scale 1, zero point 3), so the quantized product is
     an exact integer sum; the kernel must return it times the weight scales. The inputs are the ones
     that make kernels adding pairs of u8 x s8 products in saturating 16-bit lanes wrong with 8-bit
@@ -39,7 +39,7 @@ def test_int8_default_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Path) 
     weight = rng.uniform(0.5, 1.0, size=(DEPTH, COLUMNS)).astype(np.float32)
     weight[:, ::2] *= -1
     one_matmul_model(tmp_path / "fp32.onnx", weight)
-    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "u8s8-reduce-range")
     quantized, scales, zero_points = quantized_weight(tmp_path / "int8.onnx")
     assert quantized.dtype == np.int8 and np.abs(quantized.astype(np.int64) - zero_points).max() <= 64  # 7-bit signed weights
     activations = rng.integers(200, 256, size=(ROWS, DEPTH))
@@ -53,13 +53,50 @@ def test_int8_default_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Path) 
     assert np.abs(y - x @ weight).max() <= 0.01 * np.abs(x @ weight).max()
 
 
+def test_int8_default_scheme_quantizes_each_row_on_its_own_grid_exactly(tmp_path: Path) -> None:
+    """u8s8-rows: a row whose largest |x| is 127 has scale 1, so integer activations are on its grid and the
+    quantized product is an exact integer sum times the weight scales, whatever the other rows hold (here
+    rows a thousand times larger). Activations near +127 become u8 values near 255 and the weights have one
+    sign per column: what saturating 16-bit kernels would get wrong with 8-bit weights."""
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(0.5, 1.0, size=(DEPTH, COLUMNS)).astype(np.float32)
+    weight[:, ::2] *= -1
+    one_matmul_model(tmp_path / "fp32.onnx", weight)
+    assert DEFAULT_INT8_SCHEME == "u8s8-rows"
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    quantized, scales, zero_points = quantized_weight(tmp_path / "int8.onnx")
+    assert np.abs(quantized.astype(np.int64) - zero_points).max() <= 64  # 7-bit signed weights
+    x = rng.integers(100, 128, size=(ROWS, DEPTH)).astype(np.float32)
+    x[:, 0] = 127  # each row's max |x|: scale 127 / 127 = 1
+    x[1::2] *= -1  # rows of either sign
+    big = np.concatenate([x, 1000 * rng.normal(size=(ROWS, DEPTH)).astype(np.float32)])
+    session = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"])
+    exact = (x.astype(np.int64) @ (quantized.astype(np.int64) - zero_points.astype(np.int64))) * scales.astype(np.float64)
+    alone = session.run(None, {"x": x})[0]
+    assert np.abs(alone - exact).max() <= 1e-6 * np.abs(exact).max()
+    # Batched with rows of a thousand times the range, each of these rows' results is the same, bit for bit.
+    assert np.array_equal(session.run(None, {"x": big})[0][:ROWS], alone)
+    assert np.array_equal(np.concatenate([session.run(None, {"x": x[row : row + 1]})[0] for row in range(ROWS)]), alone)
+
+
+def test_int8_per_tensor_scheme_is_not_batch_invariant(tmp_path: Path) -> None:
+    """What u8s8-rows fixes: one scale for the whole call lets a large row coarsen every other row's grid."""
+    rng = np.random.default_rng(2)
+    one_matmul_model(tmp_path / "fp32.onnx", rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "u8s8-reduce-range")
+    session = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"])
+    x = rng.normal(size=(ROWS, DEPTH)).astype(np.float32)
+    batched = session.run(None, {"x": np.concatenate([x, 1000 * x])})[0][:ROWS]
+    assert not np.array_equal(batched, session.run(None, {"x": x})[0])
+
+
 def test_int8_unknown_scheme_refused(tmp_path: Path) -> None:
     one_matmul_model(tmp_path / "fp32.onnx", np.ones((DEPTH, COLUMNS), dtype=np.float32))
     with pytest.raises(ValueError, match=f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got 's4'"):
         convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "s4")
 
 
-@pytest.mark.parametrize("scheme", ["u8s8-reduce-range", "u8u8", "w8-fp32"])
+@pytest.mark.parametrize("scheme", ["u8s8-rows", "u8s8-reduce-range", "u8u8", "w8-fp32"])
 def test_int8_saturation_free_schemes_stay_close_to_fp32(tmp_path: Path, scheme: str) -> None:
     """The schemes that cannot saturate on any CPU (7-bit weights: 2 x 255 x 64 < 32767; u8u8 sums in
     32 bits; w8-fp32 multiplies in fp32) err on normal inputs by quantization alone: within 5% of the

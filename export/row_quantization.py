@@ -1,0 +1,96 @@
+"""Per-row activation scales for a dynamically quantized graph: each row's int8 input depends on that row alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# The unsigned activation a row is quantized to is round(x / scale) + 128, scale = max|x| / 127 over the row:
+# symmetric, so the zero point is the same constant for every row and MatMulInteger (whose activation zero
+# point must be one scalar) still takes it. 7-bit weights keep the u8 x s8 products exact on every x86 kernel.
+ROW_ZERO_POINT = 128
+ROW_LEVELS = 127.0
+# A row of zeros gets this scale instead of 0 (0 / 0 would be NaN); its products are 0 whatever the scale.
+TINY_SCALE = 1e-30
+
+
+def add_constants(graph: onnx.GraphProto) -> dict[str, str]:
+    constants = {
+        "row_quant.axes": numpy_helper.from_array(np.array([-1], dtype=np.int64), "row_quant.axes"),
+        "row_quant.tiny": numpy_helper.from_array(np.array(TINY_SCALE * ROW_LEVELS, dtype=np.float32), "row_quant.tiny"),
+        "row_quant.inverse_levels": numpy_helper.from_array(np.array(1.0 / ROW_LEVELS, dtype=np.float32), "row_quant.inverse_levels"),
+        "row_quant.one": numpy_helper.from_array(np.array(1.0, dtype=np.float32), "row_quant.one"),
+        "row_quant.zero_point": numpy_helper.from_array(np.array(ROW_ZERO_POINT, dtype=np.uint8), "row_quant.zero_point"),
+    }
+    graph.initializer.extend(constants.values())
+    return {name.split(".")[1]: name for name in constants}
+
+
+def reduce_max_node(source: str, output: str, names: dict[str, str], opset: int) -> onnx.NodeProto:
+    """ReduceMax over the last axis, keeping it: opset 18 moved `axes` from an attribute to an input."""
+    if opset >= 18:
+        return helper.make_node("ReduceMax", [source, names["axes"]], [output], output, keepdims=1)
+    return helper.make_node("ReduceMax", [source], [output], output, axes=[-1], keepdims=1)
+
+
+def row_quantize_nodes(node: onnx.NodeProto, names: dict[str, str], opset: int) -> tuple[list[onnx.NodeProto], str]:
+    """What replaces one DynamicQuantizeLinear (x -> quantized, scale, zero point), and the name of the
+    (..., 1) per-row scale it computes. The node's own scale output becomes the constant 1: ONNX Runtime's
+    MatMulIntegerToFloat fusion takes that scale as one number for the whole tensor (a per-row scale
+    there gave log-probs 1.4 off), so the row scale is applied after the dequantizing Mul instead."""
+    source = node.input[0]
+    quantized, scale, zero_point = node.output
+    prefix = f"{node.name or quantized}.row"
+    row_scale = f"{prefix}.scale"
+    nodes = [
+        helper.make_node("Abs", [source], [f"{prefix}.abs"], f"{prefix}.abs"),
+        reduce_max_node(f"{prefix}.abs", f"{prefix}.max", names, opset),
+        helper.make_node("Max", [f"{prefix}.max", names["tiny"]], [f"{prefix}.nonzero_max"], f"{prefix}.nonzero_max"),
+        helper.make_node("Mul", [f"{prefix}.nonzero_max", names["inverse_levels"]], [row_scale], row_scale),
+        helper.make_node("Div", [source, row_scale], [f"{prefix}.levels"], f"{prefix}.levels"),
+        helper.make_node("QuantizeLinear", [f"{prefix}.levels", names["one"], names["zero_point"]], [quantized], f"{prefix}.quantize"),
+        helper.make_node("Identity", [names["zero_point"]], [zero_point], f"{prefix}.zero_point"),
+        helper.make_node("Identity", [names["one"]], [scale], f"{prefix}.unit_scale"),
+    ]
+    return nodes, row_scale
+
+
+def consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
+    return [node for node in graph.node if name in node.input]
+
+
+def dequantized_outputs(graph: onnx.GraphProto, scale: str) -> list[onnx.NodeProto]:
+    """The Muls that turn each MatMulInteger's int32 result into floats with `scale` (through Mul(scale, weight scales))."""
+    found = []
+    for scales in consumers(graph, scale):
+        if scales.op_type != "Mul":
+            raise ValueError(f"{scales.name}: expected the activation scale to feed a Mul, found {scales.op_type}")
+        found.extend(node for node in consumers(graph, scales.output[0]) if node.op_type == "Mul")
+    return found
+
+
+def quantize_rows(model: onnx.ModelProto) -> int:
+    """Replace every DynamicQuantizeLinear of `model` by per-row quantization, in place; how many were replaced."""
+    graph = model.graph
+    quantizers = [node for node in graph.node if node.op_type == "DynamicQuantizeLinear"]
+    if not quantizers:
+        return 0
+    names = add_constants(graph)
+    opset = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    replacements: dict[str, list[onnx.NodeProto]] = {}
+    rescales: dict[str, onnx.NodeProto] = {}
+    for node in quantizers:
+        replacements[node.name], row_scale = row_quantize_nodes(node, names, opset)
+        for dequantize in dequantized_outputs(graph, node.output[1]):
+            output = dequantize.output[0]
+            dequantize.output[0] = f"{output}.unit_rows"
+            rescales[dequantize.name] = helper.make_node("Mul", [dequantize.output[0], row_scale], [output], f"{output}.row_rescale")
+    nodes = []
+    for node in graph.node:
+        nodes.extend(replacements.get(node.name, [node]) if node.op_type == "DynamicQuantizeLinear" else [node])
+        if node.name in rescales:
+            nodes.append(rescales[node.name])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(quantizers)
