@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.bench.load_report import ROOT, ServerProcess, load
@@ -75,6 +76,7 @@ def table(contenders: list[Contender], size: int, concurrency: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-burst-report", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "de-en-small" / "onnx-int8", help="model dir nmt-serve serves")
     parser.add_argument("--burst", type=int, default=1000, help="calls per burst")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per server, taken in turn")

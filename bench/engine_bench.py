@@ -10,6 +10,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -153,6 +154,7 @@ def metrics_cost(model_dir: Path, sources: list[list[int]], threads: int, repeat
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-bench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
     add_cell_arguments(parser, repeats=3)

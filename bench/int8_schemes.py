@@ -14,6 +14,7 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ def format_tables(results: dict[str, dict[str, Any]], speed: dict[tuple[Cell, st
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-int8-schemes", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"))
     parser.add_argument("--fp32-dir", type=Path, default=None, help="its exported fp32 model dir (default: CHECKPOINT/onnx-fp32)")
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="German<TAB>English pairs")

@@ -12,6 +12,7 @@ import gc
 import logging
 import statistics
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -55,6 +56,7 @@ def format_row(rate: float, name: str, runs: list[Run]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nmt-join-policy", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source sentences (random ids when missing)")
     parser.add_argument("--rates", default="60,90,110", help="offered requests/s, comma-separated")

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.bench.report import write_report
@@ -160,6 +161,7 @@ def soak(model_dir: Path, seconds: float, flags: tuple[str, ...], texts: Path | 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-load-report", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "de-en-small", help="checkpoint dir holding onnx-fp32/ and onnx-int8/")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     parser.add_argument("--point-seconds", type=float, default=20.0)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -116,6 +117,7 @@ def format_agreement(checkpoint: Path) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-marian-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     add_cell_arguments(parser, repeats=5)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every system")
     parser.add_argument("--parity-limit", type=int, default=16, help="sentences the import compares with transformers")

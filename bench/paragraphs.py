@@ -16,6 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -131,6 +132,7 @@ class InProcessServer:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-paragraphs", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--test", type=Path, default=DEFAULT_TEST, help="TSV of German<TAB>English pairs, in order")
     parser.add_argument("--seed", type=int, default=0, help="seeds the paragraph sizes")

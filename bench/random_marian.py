@@ -1,16 +1,22 @@
 """Random Hugging Face Marian dirs built locally: transformers' MarianMTModel, SentencePiece models trained here.
 
-The tests use a tiny one; nmt-marian-bench one of opus-mt-de-en's shape (OPUS_MT_SHAPE). Nothing is
-downloaded: the weights are random, the SentencePiece models are trained on generated German.
+The tests and `nmt-random-marian OUT` use a tiny one; nmt-marian-bench and `nmt-random-marian --opus-mt-shape` one
+of opus-mt-de-en's shape (OPUS_MT_SHAPE). Nothing is downloaded: the weights are random, the SentencePiece models are
+trained on generated German. The output is what `nmt-import marian` reads, so the import can be tried offline.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import random
+import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
+
+from nmt_serve.model.extras import require_extra
 
 # German-looking words with umlauts and ß, so the trained pieces cover what the tests feed.
 WORDS = ("der die das und ist nicht ein eine Haus Straße Bäume Grüße Öl über für mit dem den zu von Guten Morgen Tag heute "
@@ -81,3 +87,34 @@ def build_marian_dir(out: Path, activation: str = "swish", seed: int = 0, vocab_
             model.model.shared.weight.normal_(0.0, 1.0)
     model.save_pretrained(str(out))
     return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-random-marian", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
+    parser.add_argument("out", type=Path, help="Hugging Face Marian dir to write (must not exist; parent dirs are created)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the SentencePiece training text (default: 0)")
+    parser.add_argument("--opus-mt-shape", action="store_true",
+                        help=f"opus-mt-de-en's shape (d_model 512, 6 + 6 layers, {OPUS_MT_VOCAB:,} ids: 74M parameters) instead of a tiny model")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    require_extra("nmt-random-marian", "import", ("torch", "transformers", "sentencepiece"))
+    if args.out.exists():
+        sys.stderr.write(f"nmt-random-marian: OUT {args.out}: already exists; choose a new dir\n")
+        return 1
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its shard-writing bar says nothing here
+    # The tiny shape with 256 positions, not the tests' 48: texts of the sample nmt-loadtest sends reach 65 tokens.
+    shape: dict[str, object] = dict(vocab_size=OPUS_MT_VOCAB, **OPUS_MT_SHAPE) if args.opus_mt_shape else dict(max_position_embeddings=256)
+    build_marian_dir(args.out, seed=args.seed, **shape)  # type: ignore[arg-type]
+    print(f"wrote a random Marian model ({'opus-mt-de-en' if args.opus_mt_shape else 'tiny'} shape, seed {args.seed}) to {args.out}; "
+          f"import it with: nmt-import marian {args.out} --out models/NAME --export int8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

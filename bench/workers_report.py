@@ -17,6 +17,7 @@ import statistics
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.bench.balancer import Balancer
@@ -123,6 +124,7 @@ def table(results: dict[tuple[Load, Config], list[tuple[float, float, float]]], 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-workers-report", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "artifacts" / "de-en-small" / "onnx-int8")
     parser.add_argument("--configs", type=parse_configs, default=parse_configs("1x2,2x1,1x1"), help="[REPLICASx]ENGINESxTHREADS,... (default 1x2,2x1,1x1); with several replicas every configuration runs behind nginx")
     parser.add_argument("--loads", type=parse_loads, default=parse_loads("1:64,4:64,1:4"), help="BEAM:CONCURRENCY,... (default 1:64,4:64,1:4)")

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 from typing import TextIO
 
 import grpc
@@ -30,6 +31,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-translate", description=__doc__, formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("texts", nargs="*", help="German texts (default: one per line from stdin)")
     parser.add_argument("--target", default=os.environ.get("NMT_TARGET", DEFAULT_TARGET), help="host:port, env NMT_TARGET")
     parser.add_argument("--model", default="", help="served model to use, by name (default: the server's default model)")
@@ -47,12 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     # The token's value is never echoed by --help.
     parser.add_argument("--token", default=os.environ.get("NMT_AUTH_TOKEN", ""),
                         help="bearer token (default: env NMT_AUTH_TOKEN, else none)")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=32, help="texts per request when reading stdin")
+    parser.add_argument("--batch", type=int, default=32, help="texts per request (the server's --max-texts is the most it takes)")
     return parser
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """n-best comes from beam search: catch a missing or small --beam here instead of a server error."""
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
     if args.nbest is not None and args.nbest > 1:
         if args.beam is None:
             parser.error(f"--nbest {args.nbest} needs --beam {args.nbest} or more (n-best hypotheses come from beam search)")
@@ -81,13 +85,20 @@ def write_models(out: TextIO, listing: pb.ListModelsResponse, as_json: bool) -> 
             out.write(f"{info.name}{default}\t{info.source_language}->{info.target_language}\t{info.version}\t{info.precision}\n")
 
 
+def read_stdin(stdin: TextIO) -> list[str]:
+    """One text per line; at a terminal, a line on stderr says so first, instead of a silent wait."""
+    if stdin.isatty():
+        sys.stderr.write("nmt-translate: reading German text from stdin, one text per line; Ctrl-D to end (or give texts as arguments)\n")
+    return [line.rstrip("\n") for line in stdin]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
     numbered = args.nbest is not None and args.nbest > 1
-    texts = [] if args.list_models else args.texts or [line.rstrip("\n") for line in sys.stdin]
+    texts = [] if args.list_models else args.texts or read_stdin(sys.stdin)
     options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens,
                       split_sentences=False if args.whole else None)
     out = sys.stdout

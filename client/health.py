@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-health", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server to check")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
+    parser.add_argument("--target", default=os.environ.get("NMT_TARGET", "127.0.0.1:50051"), help="host:port of the server to check, env NMT_TARGET")
     parser.add_argument("--service", default="", help="service to check, e.g. nmt.translation.v1.TranslationService"
                                                        " (default: %(default)r, the whole server)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer before reporting failure")

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -20,6 +21,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 import grpc
@@ -261,7 +263,8 @@ async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-loadtest", description=__doc__)
-    parser.add_argument("--target", default="127.0.0.1:50051", help="server or balancer host:port")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
+    parser.add_argument("--target", default=os.environ.get("NMT_TARGET", "127.0.0.1:50051"), help="server or balancer host:port, env NMT_TARGET")
     parser.add_argument("--concurrency", type=int, default=8, help="closed loop: calls in flight")
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second (instead of --concurrency)")
     parser.add_argument("--burst", type=int, default=0, help="send this many calls at once, then stop (instead of --concurrency or --rate)")

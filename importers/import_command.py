@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ def export_precision(checkpoint: Path, precision: str, parity_test: Path | None,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-import", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("kind", choices=KINDS, help="source model family")
     parser.add_argument("source", help="Hugging Face Marian dir (config.json, weights, source.spm, target.spm, vocab.json) or hub id")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint dir to write (must not exist)")
@@ -114,15 +116,30 @@ def parse_precisions(text: str) -> list[str]:
     return precisions
 
 
+def quiet_libraries() -> None:
+    """This command's own INFO lines and every library's warnings; not the libraries' INFO lines and progress bars
+    (the exporter's passes log some hundred lines per precision)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("nmt_serve").setLevel(logging.INFO)
+    # torch.onnx warns of every torchvision operator it cannot register, though no model here has one.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     try:
         precisions = parse_precisions(args.export)
         if args.out.exists():
             raise ImportFailed(f"--out {args.out}: already exists; choose a new dir")
-        if not args.out.parent.is_dir():
-            raise ImportFailed(f"--out {args.out}: parent dir {args.out.parent} does not exist")
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ImportFailed(f"--out {args.out}: cannot create its parent dir ({error.strerror}); choose a dir you can write") from None
         pairs = read_tsv(str(args.parity_test)) if args.parity_test else random_pairs(args.parity_limit)
         sentences = [source for source, _ in pairs][: args.parity_limit]
         write_checkpoint(fetch(args.source), args.out, args.source, (args.source_language, args.target_language), sentences)

@@ -31,6 +31,7 @@ from nmt_serve.server.models.access_log import AccessLog
 from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.models.registry import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.settings import ServerSettings, parse_settings
+from nmt_serve.server.startup import USAGE_ERROR, StartupError, check_model_dirs, check_ports, listen_error, probe
 
 logger = logging.getLogger("nmt-serve")
 
@@ -94,25 +95,25 @@ class Server:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         add_reflection(server, [SERVICE_NAME, health.SERVICE_NAME])
         address = f"{settings.host}:{settings.port}"
-        if settings.tls_cert:
-            credentials = grpc.ssl_server_credentials([(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())])
-            self.port = server.add_secure_port(address, credentials)
-        else:
-            self.port = server.add_insecure_port(address)
+        try:
+            if settings.tls_cert:
+                credentials = grpc.ssl_server_credentials([(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())])
+                self.port = server.add_secure_port(address, credentials)
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as error:  # grpcio says only "Failed to bind"; a probe finds out why
+            raise listen_error("--port", settings, probe(settings.host, settings.port) or error) from None
         return server
 
     async def run(self, install_signals: bool = True) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         server = self._build()
-        if self.settings.metrics_port >= 0:
-            self._metrics_server, self.metrics_port = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
-            logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        await server.start()
-        if self.settings.http_port:
-            self.http = HttpServer(self.service, self.settings, self.metrics, self.serving.is_set, self.admission)
-            await self.http.start()
-            logger.info("HTTP API on http://%s:%d/ (docs at /openapi.json)", self.settings.http_host, self.http.port)
+        try:
+            await self._listen(server)
+        except BaseException:
+            await server.stop(None)  # stopped on this loop, not left for a collector that finds the loop closed
+            self._stop_metrics()
+            raise
         if install_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stop.set)
@@ -134,6 +135,31 @@ class Server:
             self.serving.set()
         await self._stop.wait()
         await self.drain(server)
+
+    async def _listen(self, server: grpc.aio.Server) -> None:
+        """Metrics, gRPC, then HTTP: a port that cannot be listened on ends in StartupError naming its flag."""
+        settings = self.settings
+        if settings.metrics_port >= 0:
+            try:
+                self._metrics_server, self.metrics_port = self.metrics.serve(settings.metrics_host, settings.metrics_port)
+            except OSError as error:
+                raise listen_error("--metrics-port", settings, error) from None
+            logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, self.metrics_port)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        if settings.http_port:
+            self.http = HttpServer(self.service, settings, self.metrics, self.serving.is_set, self.admission)
+            try:
+                await self.http.start()
+            except OSError as error:
+                raise listen_error("--http-port", settings, error) from None
+            logger.info("HTTP API on http://%s:%d/ (docs at /openapi.json)", settings.http_host, self.http.port)
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
 
     async def drain(self, server: grpc.aio.Server) -> None:
         """Health NOT_SERVING at once; new calls UNAVAILABLE at once, or with a settle period (--drain-settle-s) no new
@@ -174,22 +200,24 @@ class Server:
             await self.http.stop()  # its calls were refused with 503 since the scheduler began draining, like gRPC's
         await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+        self._stop_metrics()
         logger.info("stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 2 for a command line that names something unusable, 1 for a runtime failure, each with one line on stderr."""
     try:
         settings = parse_settings(argv)
+        check_model_dirs(settings)
+        check_ports(settings)
     except ValueError as error:
-        sys.stderr.write(f"nmt-serve: {error}\n")
-        return 2
+        return fail(StartupError(str(error), USAGE_ERROR))
+    except StartupError as error:
+        return fail(error)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = Server(settings)
-    except (ModelDirError, ModelSetError, FileNotFoundError, SelfCheckError, HostCheckRefused) as error:
+    except (ModelDirError, ModelSetError, FileNotFoundError, PermissionError, SelfCheckError, HostCheckRefused) as error:
         logger.error("cannot serve %s: %s", ", ".join(map(str, settings.model_dirs)), error)
         return 1
     except Exception as error:  # an ONNX Runtime load failure names the file inside its message
@@ -197,10 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         asyncio.run(server.run())
-    except OSError as error:  # a port already taken, an address not on this host
-        logger.error("cannot listen: %s", error)
-        return 1
+    except StartupError as error:  # a port taken between the check and the bind
+        return fail(error)
     return 0
+
+
+def fail(error: StartupError) -> int:
+    sys.stderr.write(f"nmt-serve: {error}\n")
+    return error.exit_code
 
 
 if __name__ == "__main__":

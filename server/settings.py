@@ -7,7 +7,9 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
+from typing import NoReturn
 
 from nmt_serve.runtime.manifest import MANIFEST_FILE
 from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS
@@ -15,6 +17,7 @@ from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
 SELF_CHECK_MODES = ("refuse", "warn", "off")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -82,36 +85,38 @@ class ServerSettings:
         return (Path(self.model_dir), *self.more_model_dirs)
 
     def validate(self) -> None:
+        """Every bad value at once, each named by its flag, in one ValueError."""
         problems = []
         for name in ("max_texts", "max_chars_per_text", "max_beam_size", "max_sentences_per_text", "max_message_bytes",
                      "max_queued_requests", "max_queued_tokens", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+                problems.append(f"{flag_name(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("max_rows", "join_wait_steps", "engines", "threads"):
             if getattr(self, name) < 0:
-                problems.append(f"{name} must be at least 0, got {getattr(self, name)}")
+                problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.worker_niceness <= 19:
-            problems.append(f"worker_niceness must be between 0 and 19, got {self.worker_niceness}")
+            problems.append(f"--worker-niceness must be between 0 and 19, got {self.worker_niceness}")
         if not 0 <= self.port <= 65535:
-            problems.append(f"port must be between 0 and 65535, got {self.port}")
+            problems.append(f"--port must be between 0 and 65535, got {self.port}")
         if not -1 <= self.metrics_port <= 65535:
-            problems.append(f"metrics_port must be between -1 (off) and 65535, got {self.metrics_port}")
+            problems.append(f"--metrics-port must be between -1 (off) and 65535, got {self.metrics_port}")
         if not 0 <= self.http_port <= 65535:
-            problems.append(f"http_port must be between 0 (off) and 65535, got {self.http_port}")
-        if self.default_deadline_s <= 0 or self.grace_s < 0:
-            problems.append("default_deadline_s must be > 0 and grace_s >= 0")
-        if self.drain_settle_s < 0:
-            problems.append(f"drain_settle_s must be at least 0, got {self.drain_settle_s:g}")
-        if self.max_connection_age_s < 0:
-            problems.append(f"max_connection_age_s must be at least 0, got {self.max_connection_age_s:g}")
+            problems.append(f"--http-port must be between 0 (off) and 65535, got {self.http_port}")
+        if self.default_deadline_s <= 0:
+            problems.append(f"--default-deadline-s must be more than 0, got {self.default_deadline_s:g}")
+        for name in ("grace_s", "drain_settle_s", "max_connection_age_s"):
+            if getattr(self, name) < 0:
+                problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name):g}")
         if self.max_deadline_s < self.default_deadline_s:
-            problems.append(f"max_deadline_s must be at least default_deadline_s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
+            problems.append(f"--max-deadline-s must be at least --default-deadline-s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
         if self.access_log not in (0, 1):
-            problems.append(f"access_log must be 0 (off) or 1 (on), got {self.access_log}")
+            problems.append(f"--access-log must be 0 (off) or 1 (on), got {self.access_log}")
         if self.self_check not in SELF_CHECK_MODES:
-            problems.append(f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
+            problems.append(f"--self-check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
+        if self.log_level.upper() not in LOG_LEVELS:
+            problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
-            problems.append("tls_cert and tls_key must be given together")
+            problems.append("--tls-cert and --tls-key must be given together")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
 
@@ -150,6 +155,17 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr, exit 2: the usage of some forty flags would bury it (--help shows them)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; {self.prog} --help lists the flags\n")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field; its default is the NMT_ variable when set, else the field default."""
     for item in dataclasses.fields(ServerSettings):
@@ -162,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         kind = type(item.default)
         meaning = f"; {MEANINGS[item.name]}" if item.name in MEANINGS else ""
-        parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=None,
+        parser.add_argument(flag_name(item.name), type=kind, default=None,
                             help=f"env {env_name(item.name)}, default {item.default!r}{meaning}".replace("%", "%%"))  # fmt: skip
 
 
@@ -179,12 +195,17 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.env
             raw = environ[env_name(item.name)]
             try:
                 values[item.name] = type(item.default)(raw)
-            except ValueError as error:
-                raise ValueError(f"{env_name(item.name)}={raw!r}: {error}") from None
+            except ValueError:
+                raise ValueError(f"{env_name(item.name)}={raw!r}: not {'an' if kind_name(item.default) == 'int' else 'a'} "
+                                 f"{kind_name(item.default)} (as {flag_name(item.name)} takes)") from None
     named = list(args.model_dir or ()) or [Path(part) for part in environ.get(env_name("model_dir"), "").split(os.pathsep) if part]
     dirs = named + find_model_dirs(Path(str(values["model_repo"]))) if values.get("model_repo") else named
     if dirs:
         values["model_dir"], values["more_model_dirs"] = dirs[0], tuple(dirs[1:])
+    elif not DEFAULT_MODEL_DIR.is_dir():  # an installed wheel holds no model
+        raise ValueError(f"no model dir given, and no shipped model at {DEFAULT_MODEL_DIR}: name one, as nmt-serve MODEL_DIR "
+                         f"(a dir holding manifest.json, written by nmt-export or nmt-import), {env_name('model_dir')}=MODEL_DIR "
+                         "or --model-repo DIR")  # fmt: skip
     settings = ServerSettings(**values)
     settings.validate()
     return settings
@@ -193,14 +214,19 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] = os.env
 def find_model_dirs(repo: Path) -> list[Path]:
     """The subdirectories of a model repository that hold a manifest.json, in name order; a repo without one is an error."""
     if not repo.is_dir():
-        raise ValueError(f"model_repo {str(repo)!r} is not a directory")
+        raise ValueError(f"--model-repo {str(repo)!r} is not a directory")
     found = sorted(path for path in repo.iterdir() if (path / MANIFEST_FILE).is_file())
     if not found:
-        raise ValueError(f"model_repo {str(repo)!r} holds no model dir (a subdirectory with a {MANIFEST_FILE})")
+        raise ValueError(f"--model-repo {str(repo)!r} holds no model dir (a subdirectory with a {MANIFEST_FILE})")
     return found
 
 
+def kind_name(default: object) -> str:
+    return {int: "int", float: "number", str: "string"}.get(type(default), type(default).__name__)
+
+
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerSettings:
-    parser = argparse.ArgumentParser(prog="nmt-serve", description="Serve a model dir over gRPC.")
+    parser = OneLineParser(prog="nmt-serve", description="Serve a model dir over gRPC.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     add_arguments(parser)
     return from_arguments(parser.parse_args(argv), environ)

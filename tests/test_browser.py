@@ -124,4 +124,4 @@ def test_browser_page_shows_an_error_in_words(browser: DevTools) -> None:
         browser.send("Input.insertText", text=SENTENCE)
         browser.click("#translate")
         message = browser.wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
-        assert "text has 28 characters; the limit is 10 (max_chars_per_text)" in message and "INVALID_ARGUMENT, HTTP 400" in message
+        assert "text has 28 characters; the limit is 10 (max_chars_per_text, set by nmt-serve --max-chars-per-text)" in message and "INVALID_ARGUMENT, HTTP 400" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import threading
@@ -189,18 +190,40 @@ def test_cli_nbest_without_enough_beam_exits_2_naming_both_flags(capsys: pytest.
     assert "--nbest" in error and "--beam" in error
 
 
+class TerminalInput(io.StringIO):
+    """stdin as a person at a terminal gives it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stdin", "hint"), [(TerminalInput(""), True), (io.StringIO(""), False)], ids=["terminal", "pipe"])
+def test_cli_without_texts_at_a_terminal_says_it_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                             stdin: io.StringIO, hint: bool) -> None:  # fmt: skip
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert cli.main(["--target", "127.0.0.1:1"]) == 0  # nothing typed, nothing sent
+    expected = "nmt-translate: reading German text from stdin, one text per line; Ctrl-D to end (or give texts as arguments)\n"
+    assert capsys.readouterr().err == (expected if hint else "")
+
+
+def test_cli_batch_below_1_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["--batch", "0", "Hund"])
+    assert "--batch must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_cli_help_shows_every_default_but_not_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_AUTH_TOKEN", "secret-token-value")
     text = cli.build_parser().format_help()
     entries = help_entries(text)
     assert {"texts", "--target", "--beam", "--nbest", "--stream", "--json", "--timeout", "--token", "--batch"} <= set(entries)
-    assert [name for name, entry in entries.items() if name != "-h" and "(default:" not in entry] == []
+    assert [name for name, entry in entries.items() if name not in ("-h", "--version") and "(default:" not in entry] == []
     assert "secret-token-value" not in text
 
 
 def test_health_help_describes_and_defaults_every_flag() -> None:
     entries = help_entries(health.build_parser().format_help())
-    assert set(entries) == {"-h", "--target", "--service", "--timeout"}
+    assert set(entries) == {"-h", "--version", "--target", "--service", "--timeout"}
     for name in ("--target", "--service", "--timeout"):
         flag, _, description = entries[name].partition(f" {name.lstrip('-').upper()} ")
         assert flag == name and "(default:" in description and len(description.split()) > 4, entries[name]

@@ -53,5 +53,5 @@ def test_connections_older_than_the_age_are_replaced_without_failing_a_call(tiny
 
 
 def test_negative_connection_age_is_refused_naming_the_flag() -> None:
-    with pytest.raises(ValueError, match="max_connection_age_s must be at least 0, got -1"):
+    with pytest.raises(ValueError, match="--max-connection-age-s must be at least 0, got -1"):
         parse_settings(["--max-connection-age-s", "-1"], environ={})

@@ -136,7 +136,7 @@ def test_http_openapi_document_is_valid_and_generated_from_the_proto(running: Ru
 def test_http_port_flag_defaults_to_8000_and_names_its_range() -> None:
     assert parse_settings([], environ={}).http_port == 8000
     assert parse_settings(["--http-port", "0"], environ={}).http_port == 0  # off
-    with pytest.raises(ValueError, match=r"http_port must be between 0 \(off\) and 65535, got 70000"):
+    with pytest.raises(ValueError, match=r"--http-port must be between 0 \(off\) and 65535, got 70000"):
         parse_settings(["--http-port", "70000"], environ={})
 
 
@@ -157,9 +157,9 @@ def test_http_status_table_maps_each_code_once() -> None:
 
 
 @pytest.mark.parametrize(("body", "named"), [
-    ({"texts": GERMAN, "options": {"beam_size": 9}}, "options.beam_size must be between 1 and 4 (max_beam_size), got 9"),
+    ({"texts": GERMAN, "options": {"beam_size": 9}}, "options.beam_size must be between 1 and 4 (max_beam_size, set by nmt-serve --max-beam-size), got 9"),
     ({"texts": []}, "texts must hold between 1 and 16 texts, got 0"),
-    ({"texts": ["x" * 401]}, "texts[0] has 401 characters; the limit is 400 (max_chars_per_text)"),
+    ({"texts": ["x" * 401]}, "texts[0] has 401 characters; the limit is 400 (max_chars_per_text, set by nmt-serve --max-chars-per-text); split the text into shorter texts"),
     ({"texts": GERMAN, "beam": 2}, "request is not a valid TranslateRequest"),
     (b"{not json", "request is not a valid TranslateRequest"),
 ])  # fmt: skip
@@ -193,7 +193,7 @@ def test_http_declared_oversized_body_is_413_before_it_is_read(running: RunningS
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == PAYLOAD_TOO_LARGE
-    assert b"1000000000 bytes; the limit is 262144 bytes (max_message_bytes)" in body
+    assert b"1000000000 bytes; the limit is 262144 bytes (max_message_bytes, set by nmt-serve --max-message-bytes); send fewer or shorter texts" in body
 
 
 def test_http_chunked_oversized_body_is_413_once_the_limit_has_arrived(running: RunningServer) -> None:

@@ -195,7 +195,7 @@ def test_serve_flags_name_dirs_and_a_model_repo(tmp_path: Path) -> None:
     assert settings.model_dirs == (Path("/x"), Path("/y"), repo / "a-model", repo / "b-model") and settings.default_model == "m"
     assert parse_settings(["--model-repo", str(repo)], environ={}).model_dirs == (repo / "a-model", repo / "b-model")
     assert parse_settings([], environ={"NMT_MODEL_DIR": "/x:/y"}).model_dirs == (Path("/x"), Path("/y"))
-    with pytest.raises(ValueError, match="model_repo '.*not-a-model' holds no model dir"):
+    with pytest.raises(ValueError, match="--model-repo '.*not-a-model' holds no model dir"):
         parse_settings(["--model-repo", str(repo / "not-a-model")], environ={})
 
 

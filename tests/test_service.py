@@ -454,7 +454,8 @@ def test_split_sentences_over_the_sentence_limit_names_the_field_and_limit(stub,
     many = "Ja. " * (limit + 1)
     code, details = code_of(stub.Translate, texts_request("Hund.", many), timeout=30)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
-    assert details.startswith(f"texts[1] has {limit + 1} sentences; the limit is {limit} (max_sentences_per_text")
+    assert details.startswith(f"texts[1] has {limit + 1} sentences; the limit is {limit} (max_sentences_per_text, set by nmt-serve "
+                              "--max-sentences-per-text); split the text into shorter texts, or set options.split_sentences to false")  # fmt: skip
     code, details = code_of(stub.TranslateStream, pb.TranslateStreamRequest(text=many), timeout=30)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"text has {limit + 1} sentences")
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
@@ -468,7 +469,8 @@ def test_split_sentences_request_over_the_queue_is_invalid_not_exhausted(stub, r
     half = "Ja. " * (places // 2 + 1)  # two texts, each under the sentence limit, together over the queue
     code, details = code_of(stub.Translate, texts_request(half, half), timeout=30)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
-    assert details == f"texts hold {2 * (places // 2 + 1)} sentences; a request may hold at most {places}, the places of the server's queue (max_queued_requests)"
+    assert details == (f"texts hold {2 * (places // 2 + 1)} sentences; a request may hold at most {places}, the places of the server's queue "
+                       "(set by nmt-serve --max-queued-requests); send fewer texts per request (nmt-translate --batch N sends N per request)")  # fmt: skip
     assert stub.Translate(texts_request(half), timeout=30).translations[0].hypotheses[0].text  # one of them is admitted
 
 
@@ -478,7 +480,7 @@ def test_split_sentences_long_sentence_names_text_sentence_and_token_limit(stub,
     code, details = code_of(stub.Translate, texts_request("Hund.", long_text), timeout=30)
     limit = running.server.runtime.config.max_positions - 1
     assert code is grpc.StatusCode.INVALID_ARGUMENT
-    assert details.startswith("texts[1] sentence 1 has ") and details.endswith(f"tokens; the limit is {limit} (max_source_tokens)")
+    assert details.startswith("texts[1] sentence 1 has ") and details.endswith(f"tokens; the limit is {limit} (max_source_tokens, the model's positions less one); split it into shorter sentences")
 
 
 def test_split_sentences_greedy_stream_sends_each_sentence_in_order(stub) -> None:  # type: ignore[no-untyped-def]

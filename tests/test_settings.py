@@ -28,17 +28,19 @@ def test_every_field_reads_its_environment_variable_and_flags_win() -> None:
 
 
 @pytest.mark.parametrize(("argv", "environ", "named"), [
-    (["--max-texts", "0"], {}, "max_texts"),
-    (["--port", "70000"], {}, "port"),
-    (["--tls-cert", "c.pem"], {}, "tls_key"),
+    (["--max-texts", "0"], {}, "--max-texts must be at least 1, got 0"),
+    (["--port", "70000"], {}, "--port must be between 0 and 65535, got 70000"),
+    (["--log-level", "LOUD"], {}, "--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'"),
+    (["--grace-s", "-1"], {}, "--grace-s must be at least 0, got -1"),
+    (["--tls-cert", "c.pem"], {}, "--tls-cert and --tls-key must be given together"),
     ([], {"NMT_MAX_ROWS": "many"}, "NMT_MAX_ROWS"),
-    (["--join-wait-steps", "-1"], {}, "join_wait_steps"),
-    (["--join-group", "0"], {}, "join_group"),
+    (["--join-wait-steps", "-1"], {}, "--join-wait-steps must be at least 0, got -1"),
+    (["--join-group", "0"], {}, "--join-group must be at least 1, got 0"),
     (["--engines", "-1"], {}, "engines must be at least 0, got -1"),
     ([], {"NMT_THREADS": "-2"}, "threads must be at least 0, got -2"),
-    (["--max-rows", "-1"], {}, "max_rows must be at least 0, got -1"),
-    (["--worker-niceness", "20"], {}, "worker_niceness must be between 0 and 19, got 20"),
-    ([], {"NMT_WORKER_NICENESS": "-1"}, "worker_niceness must be between 0 and 19, got -1"),
+    (["--max-rows", "-1"], {}, "--max-rows must be at least 0, got -1"),
+    (["--worker-niceness", "20"], {}, "--worker-niceness must be between 0 and 19, got 20"),
+    ([], {"NMT_WORKER_NICENESS": "-1"}, "--worker-niceness must be between 0 and 19, got -1"),
 ])  # fmt: skip
 def test_bad_settings_are_named(argv: list[str], environ: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):

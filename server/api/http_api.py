@@ -162,7 +162,8 @@ class HttpApi:
         a body still incomplete at the call's deadline (--max-deadline-s at most) is REQUEST_TIMEOUT: aiohttp itself
         waits for a stalled body as long as the client keeps the connection open."""
         limit = self.settings.max_message_bytes
-        too_large = f"request body has {{}} bytes; the limit is {limit} bytes (max_message_bytes)"
+        too_large = (f"request body has {{}} bytes; the limit is {limit} bytes (max_message_bytes, set by nmt-serve --max-message-bytes); "
+                     "send fewer or shorter texts per request")  # fmt: skip
         if request.content_length is not None and request.content_length > limit:
             raise HttpAbort(PAYLOAD_TOO_LARGE, too_large.format(request.content_length))
         remaining = context.time_remaining()

@@ -93,7 +93,8 @@ class RequestReader:
         if count == 0:
             raise InvalidRequest(f"texts must hold between 1 and {self.limits.max_texts} texts, got 0")
         if count > self.limits.max_texts:
-            raise InvalidRequest(f"texts must hold at most {self.limits.max_texts} texts (max_texts), got {count}")
+            raise InvalidRequest(f"texts must hold at most {self.limits.max_texts} texts (max_texts, set by nmt-serve --max-texts), got {count}; "
+                                 "send fewer texts per request (nmt-translate --batch N sends N per request)")  # fmt: skip
         return self._task(list(request.texts), request.options, "texts")
 
     def stream(self, request: pb.TranslateStreamRequest) -> Task:
@@ -103,7 +104,8 @@ class RequestReader:
         limit = self.limits.max_chars_per_text
         for index, text in enumerate(texts):
             if len(text) > limit:
-                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} (max_chars_per_text)")
+                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} "
+                                     "(max_chars_per_text, set by nmt-serve --max-chars-per-text); split the text into shorter texts")  # fmt: skip
         search_options = self._options(options)
         split = options.split_sentences if options.HasField("split_sentences") else True
         # Spans first, for every text: a text over the sentence limit is refused before any tokenizing.
@@ -113,11 +115,13 @@ class RequestReader:
         for index, text_spans in enumerate(spans):
             if len(text_spans) > limit:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text_spans)} sentences; the limit is {limit} "
-                                     f"(max_sentences_per_text; set options.split_sentences to false to send it whole)")  # fmt: skip
+                                     "(max_sentences_per_text, set by nmt-serve --max-sentences-per-text); split the text into shorter "
+                                     "texts, or set options.split_sentences to false to send it whole")  # fmt: skip
         inputs = sum(len(text_spans) for text_spans in spans)
         if inputs > self.limits.max_inputs_per_request:
             raise InvalidRequest(f"{field} hold {inputs} sentences; a request may hold at most {self.limits.max_inputs_per_request}, "
-                                 f"the places of the server's queue (max_queued_requests)")  # fmt: skip
+                                 "the places of the server's queue (set by nmt-serve --max-queued-requests); send fewer texts per "
+                                 "request (nmt-translate --batch N sends N per request)")  # fmt: skip
         sources = []
         for index, (text, text_spans) in enumerate(zip(texts, spans, strict=True)):
             sentences = []
@@ -132,7 +136,8 @@ class RequestReader:
     def _check_tokens(self, name: str, token_ids: tuple[int, ...], search_options: SearchOptions) -> None:
         """One engine input's source length, and the min output length against the max in force for it."""
         if len(token_ids) > self.limits.max_source_tokens:
-            raise InvalidRequest(f"{name} has {len(token_ids)} tokens; the limit is {self.limits.max_source_tokens} (max_source_tokens)")
+            raise InvalidRequest(f"{name} has {len(token_ids)} tokens; the limit is {self.limits.max_source_tokens} (max_source_tokens, "
+                                 "the model's positions less one); split it into shorter sentences")  # fmt: skip
         # One rule for the minimum: it may not pass the max in force, given or default (a default max that
         # cut it short would drop it without a word).
         longest = search_options.max_length(len(token_ids), self.limits.max_output_tokens)
@@ -152,12 +157,14 @@ class RequestReader:
         problems = []
         # The server's beam cap is tighter than the search's own; check it first so its name shows.
         if options.HasField("beam_size") and not 1 <= beam <= limits.max_beam_size:
-            problems.append(f"options.beam_size must be between 1 and {limits.max_beam_size} (max_beam_size), got {beam}")
+            problems.append(f"options.beam_size must be between 1 and {limits.max_beam_size} (max_beam_size, set by nmt-serve --max-beam-size), "
+                            f"got {beam}")  # fmt: skip
         if options.HasField("max_output_tokens") and options.max_output_tokens < 1:
             problems.append(f"options.max_output_tokens must be at least 1, got {options.max_output_tokens}")
         prefix_text = options.target_prefix if options.HasField("target_prefix") else ""
         if len(prefix_text) > limits.max_chars_per_text:
-            problems.append(f"options.target_prefix has {len(prefix_text)} characters; the limit is {limits.max_chars_per_text}")
+            problems.append(f"options.target_prefix has {len(prefix_text)} characters; the limit is {limits.max_chars_per_text} "
+                            "(max_chars_per_text, set by nmt-serve --max-chars-per-text)")  # fmt: skip
         if problems:
             raise InvalidRequest("; ".join(problems))
         prefix = tuple(self.tokenizer.encode(prefix_text)) if prefix_text else ()
