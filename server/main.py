@@ -25,9 +25,11 @@ from nmt_serve.server.api.drain import stop_accepting
 from nmt_serve.server.api.http_server import HttpServer
 from nmt_serve.server.api.reflection import add_reflection
 from nmt_serve.server.api.request_deadline import RequestDeadline
+from nmt_serve.server.api.request_ids import RequestIds
 from nmt_serve.server.api.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
 from nmt_serve.server.engine.workers import available_cores, plan_workers
 from nmt_serve.server.models.access_log import AccessLog
+from nmt_serve.server.models.log_format import configure_logging
 from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.models.registry import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.settings import ServerSettings, parse_settings
@@ -83,6 +85,7 @@ class Server:
         # The request deadline comes before the token check, so that refused calls too read their request under it.
         interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals, RequestDeadline(settings.max_deadline_s, self.metrics.answered)]
         interceptors.insert(1, self.admission)
+        interceptors.insert(0, RequestIds())  # first: the refusals of the others carry the call's request id too
         if settings.auth_token:
             interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
         options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
@@ -214,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(StartupError(str(error), USAGE_ERROR))
     except StartupError as error:
         return fail(error)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         server = Server(settings)
     except (ModelDirError, ModelSetError, FileNotFoundError, PermissionError, SelfCheckError, HostCheckRefused) as error:

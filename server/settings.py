@@ -17,6 +17,7 @@ from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
 ENV_PREFIX = "NMT_"
 SELF_CHECK_MODES = ("refuse", "warn", "off")
+LOG_FORMATS = ("text", "json")  # server/models/log_format.py
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -74,6 +75,7 @@ class ServerSettings:
     tls_key: str = ""
     auth_token: str = ""  # when set, calls need "authorization: Bearer <token>"
     log_level: str = "INFO"
+    log_format: str = "text"  # text: "time level logger: message" lines; json: one object per line, with the request's fields
     # At start, this host's log-probs of the model dir's self_check.json against the exporting host's
     # (runtime/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
     self_check: str = "refuse"
@@ -115,6 +117,8 @@ class ServerSettings:
             problems.append(f"--self-check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
         if self.log_level.upper() not in LOG_LEVELS:
             problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            problems.append(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("--tls-cert and --tls-key must be given together")
         if problems:
@@ -146,6 +150,8 @@ MEANINGS = {
     "auth_token": "when set, calls need 'authorization: Bearer <token>'; empty = no check",
     "access_log": "1 = one INFO line per finished call (method, model, status, seconds, texts; never a text) on the logger "
                   "nmt_serve.access; 0 = none",
+    "log_format": "text = 'time level logger: message' lines; json = one JSON object per line (time, level, logger, message, "
+                  "and the request's fields: request_id, and method, model, code, seconds, texts, transport on access lines)",
     "self_check": "this host's log-probs of the model dir's self_check.json against the exporting host's, at start: "
                   "refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip",
 }

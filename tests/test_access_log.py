@@ -29,9 +29,9 @@ def test_access_log_one_line_per_call_with_code_and_text_count(tiny_model_dir: P
             list(stub.TranslateStream(pb.TranslateStreamRequest(text=SECRET), timeout=30))
         lines = access_lines(caplog)
     model = running.server.runtime.manifest.model_name
-    assert re.fullmatch(rf"Translate model={model} code=OK seconds=\d+\.\d{{4}} texts=2", lines[0])
-    assert re.fullmatch(rf"Translate model={model} code=INVALID_ARGUMENT seconds=\d+\.\d{{4}} texts=1", lines[1])
-    assert re.fullmatch(rf"TranslateStream model={model} code=OK seconds=\d+\.\d{{4}} texts=1", lines[2])
+    assert re.fullmatch(rf"Translate model={model} code=OK seconds=\d+\.\d{{4}} texts=2 request_id=[0-9a-f]{{32}}", lines[0])
+    assert re.fullmatch(rf"Translate model={model} code=INVALID_ARGUMENT seconds=\d+\.\d{{4}} texts=1 request_id=[0-9a-f]{{32}}", lines[1])
+    assert re.fullmatch(rf"TranslateStream model={model} code=OK seconds=\d+\.\d{{4}} texts=1 request_id=[0-9a-f]{{32}}", lines[2])
     assert len(lines) == 3 and not any(SECRET in line or "Geheim" in line for line in caplog.messages)
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from nmt_serve.server.api.admission import EarlyAdmission
 from nmt_serve.server.api.http_api import HttpApi
 from nmt_serve.server.api.http_schema import openapi_document
+from nmt_serve.server.api.request_ids import echo_http_request_id, http_request_ids
 from nmt_serve.server.api.service import TranslationService
 from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.settings import ServerSettings
@@ -36,7 +37,8 @@ class HttpServer:
         self.ready = ready
         self.port = 0
         # The body limit is the gRPC message limit, for bodies of unknown length too (server/api/http_api.py checks declared ones).
-        app = web.Application(client_max_size=settings.max_message_bytes)
+        app = web.Application(client_max_size=settings.max_message_bytes, middlewares=[http_request_ids])
+        app.on_response_prepare.append(echo_http_request_id)
         HttpApi(service, settings, metrics, admission).add_routes(app)
         app.router.add_get("/healthz", self.live)
         app.router.add_get("/readyz", self.readiness)

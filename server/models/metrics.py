@@ -9,16 +9,26 @@ model, server/models/model_metrics.py), so neither imports prometheus_client.
 from __future__ import annotations
 
 import contextvars
+import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+import onnxruntime as ort
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, start_http_server
 from prometheus_client.exposition import generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from nmt_serve.server.models.access_log import AccessLog
+from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.server.models.model_metrics import ModelMetrics
+
+# No <name>_created series: a counter's or histogram's creation time, one more series per label set, that no query
+# here reads (Prometheus 2.x ingests them as plain gauges). prometheus_client's switch is process-wide.
+disable_created_metrics()
+# The commit the image was built from (Dockerfile: ARG REVISION); empty where unknown. Build metadata, not a setting.
+BUILD_COMMIT_VARIABLE = "NMT_BUILD_COMMIT"
 
 # The documented latency objective: 99% of single-sentence requests within 0.5 s on the default
 # model (measured p99 at 70% load on 1 core: 0.28 s, bench/results/engine.md). 0.5 is a bucket edge.
@@ -37,6 +47,17 @@ UNATTRIBUTED = ""
 # (a context variable, so the service and the interceptors count a call without being told which transport carried it).
 TRANSPORTS = ("grpc", "http")
 TRANSPORT: contextvars.ContextVar[str] = contextvars.ContextVar("transport", default=TRANSPORTS[0])
+
+
+def build_labels() -> dict[str, str]:
+    """nmt_build_info's labels: the installed nmt-serve's version, the commit where known, onnxruntime's version and the
+    providers it offers on this host (nmt_model_info says which one each model runs on)."""
+    try:
+        installed = version("nmt-serve")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = ""
+    return {"version": installed, "commit": os.environ.get(BUILD_COMMIT_VARIABLE, ""), "onnxruntime": ort.__version__,
+            "providers": ",".join(available_providers())}
 
 
 class Metrics:
@@ -85,6 +106,9 @@ class Metrics:
                                      registry=registry)  # fmt: skip
         self.self_check_bound = Gauge("nmt_self_check_bound", "The model dir's bound on nmt_self_check_max_log_prob_diff (-1: not checked).",
                                       model, registry=registry)  # fmt: skip
+        self.build_info = Gauge("nmt_build_info", "Always 1: what this process runs (nmt-serve version, commit, onnxruntime, its providers).",
+                                list(build_labels()), registry=registry)  # fmt: skip
+        self.build_info.labels(**build_labels()).set(1)
 
     def for_model(self, model: str) -> ModelMetrics:
         """The observer calls of one served model (its engines, scheduler and self-check)."""
@@ -108,7 +132,7 @@ class Metrics:
         series[0].inc()
         series[1].observe(seconds)
         if self.access_log is not None:
-            self.access_log.record(method, code, seconds, texts, model)
+            self.access_log.record(method, code, seconds, texts, model, key[3])
 
     # ------------------------------------------------------------ exposition
 
@@ -122,6 +146,6 @@ class Metrics:
 
     def names(self) -> set[str]:
         """Every sample name the server can export, including label sets not seen yet (for dashboard checks)."""
-        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"), "info": ("_info",),
-                    "gauge": ("",), "summary": ("_sum", "_count", "_created")}  # fmt: skip
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",), "gauge": ("",),
+                    "summary": ("_sum", "_count")}  # fmt: skip
         return {family.name + suffix for family in self.registry.collect() for suffix in suffixes.get(family.type, ("",))}
