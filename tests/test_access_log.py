@@ -44,5 +44,5 @@ def test_access_log_off_writes_nothing(tiny_model_dir: Path, caplog: pytest.LogC
 
 
 def test_access_log_setting_validated() -> None:
-    with pytest.raises(ValueError, match="access_log must be 0 \\(off\\) or 1 \\(on\\), got 2"):
+    with pytest.raises(ValueError, match="--access-log must be 0 \\(off\\) or 1 \\(on\\), got 2"):
         server_settings(Path("unused"), access_log=2).validate()

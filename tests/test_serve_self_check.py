@@ -80,5 +80,5 @@ def test_serve_self_check_off_and_missing_reference_are_not_checked(tiny_model_d
 
 
 def test_serve_self_check_mode_validated() -> None:
-    with pytest.raises(ValueError, match="self_check must be one of refuse, warn, off, got 'maybe'"):
+    with pytest.raises(ValueError, match="--self-check must be one of refuse, warn, off, got 'maybe'"):
         server_settings(Path("unused"), self_check="maybe").validate()
