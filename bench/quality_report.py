@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -76,6 +77,7 @@ def format_examples(examples: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-quality-report", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
     parser.add_argument("--model-dir", type=Path, action="append", default=[], help="exported model dir to score too; repeatable")
     parser.add_argument("--test", type=Path, action="append", required=True, help="German<TAB>English test TSV; repeatable")
