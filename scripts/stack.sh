@@ -278,13 +278,27 @@ stop_pid() {
     rm -f "$file"
 }
 
+# The Dockerfile's OCI label arguments: pyproject.toml's version, the checkout's commit ("-dirty" with changes to
+# tracked files; empty outside git) and its origin's URL (empty without one).
+image_labels() {
+    local revision=""
+    if git rev-parse --git-dir >/dev/null 2>&1; then
+        revision=$(git rev-parse HEAD)
+        git diff --quiet HEAD -- 2>/dev/null || revision="$revision-dirty"
+    fi
+    build_labels=(--build-arg "VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')"
+                  --build-arg "REVISION=$revision" --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null || true)")
+}
+
 up() {
     images
+    local build_labels
+    image_labels
     # Built every time, so that the stack runs this checkout; the layer cache makes an unchanged build quick.
     local cache=()
     [ "${NMT_STACK_REBUILD:-0}" = 1 ] && cache=(--no-cache)
     log "building nmt-serve:cpu"
-    podman build "${cache[@]}" --format docker --target cpu -t localhost/nmt-serve:cpu . >"$STATE/build.log" 2>&1 ||
+    podman build "${cache[@]}" --format docker --target cpu "${build_labels[@]}" -t localhost/nmt-serve:cpu . >"$STATE/build.log" 2>&1 ||
         { tail -30 "$STATE/build.log"; exit 1; }
     start_service
     start_healthchecks

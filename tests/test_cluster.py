@@ -258,8 +258,12 @@ def test_dockerfile_builds_cpu_and_gpu_targets_torch_free_and_non_root() -> None
     assert {"cpu", "gpu"} <= set(stages)
     for stage in ("cpu", "gpu"):
         body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
-        installs = re.findall(r"pip install '\.\[([\w-]+)\]'", body)
+        installs = re.findall(r'pip install "\$\(ls /tmp/dist/nmt_serve-\*\.whl\)\[([\w-]+)\]"', body)
         assert installs and all(extra.startswith("serve") for extra in installs), installs  # the torch-free extras
+        # The wheel built in its own stage, nothing else of the sources: no build/, egg-info or source tree in the image.
+        assert "COPY --from=source" not in body and "--mount=type=bind,from=dist,source=/dist" in body
+        labels = dict(re.findall(r'(org\.opencontainers\.image\.\w+)="([^"]*)"', body))
+        assert {labels[f"org.opencontainers.image.{name}"] for name in ("version", "revision", "source")} == {"${VERSION}", "${REVISION}", "${SOURCE}"}
         assert re.search(r"^USER (?!root)\w+", body, flags=re.MULTILINE), f"{stage} runs as root"
         assert 'HEALTHCHECK' in body and '"nmt-health"' in body
     assert not re.search(r"\b(curl|wget)\b", text), "the image must not download binaries"

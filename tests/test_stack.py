@@ -366,6 +366,49 @@ def test_stack_routes_a_replica_down_alert_to_the_receiver(stack: Stack) -> None
     assert wait_for(lambda: serving(victim), 60)
 
 
+# Run inside the image: what pip installed nmt-serve from, and anything a source build leaves behind.
+IMAGE_CONTENTS = """
+import importlib.metadata, json, os
+leftovers = []
+for root, dirs, files in os.walk("/"):
+    if root in ("/proc", "/sys", "/dev"):
+        dirs[:] = []
+        continue
+    leftovers += [os.path.join(root, name) for name in dirs if name.endswith(".egg-info")]
+    leftovers += [os.path.join(root, name) for name in dirs if name == "build" and os.path.isdir(os.path.join(root, name, "lib"))]
+    if "pyproject.toml" in files and 'name = "nmt-serve"' in open(os.path.join(root, "pyproject.toml")).read():
+        leftovers.append(root)  # nmt-serve's source tree
+dist = importlib.metadata.distribution("nmt-serve")
+print(json.dumps({"leftovers": leftovers, "installed_from": dist.read_text("INSTALLER"), "metadata_dir": str(dist._path),
+                  "version": dist.version, "commit": os.environ.get("NMT_BUILD_COMMIT")}))
+"""
+
+
+def expected_revision() -> str:
+    """What scripts/stack.sh labels the image with: this checkout's commit, "-dirty" with changes; empty outside git."""
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if git.returncode != 0:
+        return ""
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
+    return git.stdout.strip() + ("-dirty" if dirty else "")
+
+
+@pytest.mark.container
+@needs_containers
+def test_stack_image_is_labelled_and_holds_no_build_leftovers(stack: Stack) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", "localhost/nmt-serve:cpu"))
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.revision"] == expected_revision()
+    assert "org.opencontainers.image.source" in labels and labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    inside = json.loads(podman("run", "--rm", "--entrypoint", "python3", "localhost/nmt-serve:cpu", "-c", IMAGE_CONTENTS, timeout=300))
+    assert inside["leftovers"] == [], inside["leftovers"]
+    # Installed from the wheel (a .dist-info), and the image's commit is what nmt_build_info reports.
+    assert inside["metadata_dir"].endswith(f"nmt_serve-{version}.dist-info") and inside["version"] == version, inside
+    assert inside["commit"] == labels["org.opencontainers.image.revision"]
+    stack.timings["image_mb"] = int(podman("image", "inspect", "--format", "{{.Size}}", "localhost/nmt-serve:cpu")) / 1e6
+
+
 @pytest.mark.container
 @needs_containers
 def test_stack_down_leaves_nothing_running(stack: Stack) -> None:
