@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus corpus-packages protos stack stack-down stack-restart stack-test
+.PHONY: install test serve corpus corpus-packages protos k8s-rules stack stack-down stack-restart stack-test
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
@@ -31,6 +31,10 @@ corpus-packages:
 # Regenerate the committed gRPC code after editing a .proto (tests fail while it is stale).
 protos:
 	$(PYTHON) -m nmt_serve.protos.generate
+
+# deploy/k8s/monitoring/prometheusrule.yaml from deploy/alerts.yml (tests fail while it is stale).
+k8s-rules:
+	$(PYTHON) scripts/prometheus_rule.py
 
 # The compose stack on podman + docker-compose 1.29 (root, Debian): the CPU image built from this
 # Dockerfile, two replicas, nginx and Prometheus on 127.0.0.1 (scripts/stack.sh installs what is missing).

@@ -1,4 +1,5 @@
-"""deploy/k8s: each overlay rendered by kustomize (kubectl kustomize), validated against the Kubernetes schemas, and held to the server's own facts."""
+"""deploy/k8s: each overlay rendered by kustomize (kubectl kustomize), validated against the Kubernetes schemas, and held to the server's own facts;
+the monitoring kustomization (PodMonitor, PrometheusRule) and the Ingress and GRPCRoute examples held to the same."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
 
+from nmt_serve.server.api.auth import REFLECTION_V1
 from nmt_serve.server.api.service import SERVICE_NAME
 from nmt_serve.server.engine.scheduler import ENGINES_JOIN_S
 from nmt_serve.server.main import DRAIN_QUIET_MAX_S, OVERALL
@@ -37,15 +41,15 @@ def find_kubectl() -> str:
     return found
 
 
+def kustomize(directory: Path) -> list[dict]:
+    result = subprocess.run([find_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    kubectl = find_kubectl()
-    documents = {}
-    for overlay in OVERLAYS:
-        result = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, result.stderr
-        documents[overlay] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    return documents
+    return {overlay: kustomize(K8S / "overlays" / overlay) for overlay in OVERLAYS}
 
 
 def one(documents: list[dict], kind: str) -> dict:
@@ -240,3 +244,54 @@ def test_k8s_gpu_overlay_asks_for_one_gpu_and_cuda_first(rendered: dict[str, lis
 def test_k8s_image_tags_name_dockerfile_targets(rendered: dict[str, list[dict]], overlay: str) -> None:
     tag = container(rendered[overlay])["image"].rsplit(":", 1)[1]
     assert f" AS {tag}\n" in (ROOT / "Dockerfile").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_replicas_spread_over_nodes_and_zones(rendered: dict[str, list[dict]], overlay: str) -> None:
+    constraints = one(rendered[overlay], "Deployment")["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert [constraint["topologyKey"] for constraint in constraints] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    # A preference: a cluster with fewer nodes than replicas still schedules them all.
+    assert all(constraint["whenUnsatisfiable"] == "ScheduleAnyway" and constraint["labelSelector"]["matchLabels"] == POD_LABELS
+               for constraint in constraints)  # fmt: skip
+
+
+def test_k8s_monitoring_scrapes_the_metrics_port_with_the_label_the_alerts_select(rendered: dict[str, list[dict]]) -> None:
+    from tests.test_alerts import REPLICA_SELECTOR
+
+    documents = kustomize(K8S / "monitoring")
+    monitor = one(documents, "PodMonitor")
+    assert monitor["metadata"]["namespace"] == one(rendered["cpu"], "Namespace")["metadata"]["name"]
+    assert monitor["spec"]["selector"]["matchLabels"] == POD_LABELS
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics") and port_named(rendered["cpu"], "metrics")
+    # The Prometheus Operator turns each pod label into a target label with its name sanitised.
+    target_labels = {re.sub(r"[^a-zA-Z0-9_]", "_", name): POD_LABELS[name] for name in monitor["spec"]["podTargetLabels"]}
+    label, value = re.fullmatch(r'up\{(\w+)="([^"]+)"\}', REPLICA_SELECTOR).groups()  # type: ignore[union-attr]
+    assert target_labels[label] == value
+
+
+def test_k8s_prometheus_rule_is_the_tested_alert_rules() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "prometheus_rule.py"), "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (rule,) = [doc for doc in kustomize(K8S / "monitoring") if doc["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text(encoding="utf-8"))["groups"]
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_k8s_ingress_example_routes_to_the_http_port(rendered: dict[str, list[dict]], version: str) -> None:
+    ingress = yaml.safe_load((K8S / "examples" / "ingress-http.yaml").read_text(encoding="utf-8"))
+    kubernetes_validate.validate(ingress, version, strict=True)
+    service = one(rendered["cpu"], "Service")
+    backends = [path["backend"]["service"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]]
+    assert backends == [{"name": service["metadata"]["name"], "port": {"name": "http"}}]
+    assert "http" in {port["name"] for port in service["spec"]["ports"]}
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # server-sent events
+
+
+def test_k8s_grpcroute_example_routes_every_service_the_server_registers(rendered: dict[str, list[dict]]) -> None:
+    route = yaml.safe_load((K8S / "examples" / "grpcroute.yaml").read_text(encoding="utf-8"))
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["kind"] == "GRPCRoute"
+    (rule,) = route["spec"]["rules"]
+    assert {match["method"]["service"] for match in rule["matches"]} == {SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1}
+    service = one(rendered["cpu"], "Service")
+    assert rule["backendRefs"] == [{"name": service["metadata"]["name"], "port": port_named(rendered["cpu"], "grpc")}]
