@@ -9,6 +9,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 
 from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
-from nmt_serve.export.optimize import convert_precision
+from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
 from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.transformer import Transformer
@@ -67,7 +68,7 @@ def graph_spec(path: Path) -> GraphSpec:
     return GraphSpec(path.name, tensor_specs(graph.input), tensor_specs(graph.output))
 
 
-def export_graphs(model: Transformer, out: Path, precision: str, opset: int) -> dict[str, float]:
+def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int8_scheme: str = DEFAULT_INT8_SCHEME) -> dict[str, float]:
     """Write encoder.onnx and decoder.onnx at `precision`; returns seconds per stage."""
     timings = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,21 +82,21 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int) -> 
         for name in (ENCODER_FILE, DECODER_FILE):
             if precision != "fp32":
                 started = time.perf_counter()
-                convert_precision(fp32_dir / name, out / name, precision)
+                convert_precision(fp32_dir / name, out / name, precision, int8_scheme)
                 timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
             onnx.checker.check_model(str(out / name))
     return timings
 
 
 def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str, version: str, check_texts: Sequence[str],
-                     opset: int = DEFAULT_OPSET) -> Manifest:  # fmt: skip
+                     opset: int = DEFAULT_OPSET, int8_scheme: str = DEFAULT_INT8_SCHEME) -> Manifest:  # fmt: skip
     """The export pipeline: load, export, convert precision, check, write manifest and the host self-check's
     reference (`check_texts`: its source sentences). Parity is separate."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
-    timings = export_graphs(checkpoint.model, out, precision, opset)
+    timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme)
     tokenizers = tokenizer_files(checkpoint_dir)
     for file_name in tokenizers:
         shutil.copyfile(checkpoint_dir / file_name, out / file_name)
@@ -106,7 +107,7 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)},
         files={}, parity={},
         created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-                    "checkpoint": str(checkpoint_dir), "export_seconds": timings},
+                    "checkpoint": str(checkpoint_dir), "export_seconds": timings, **({"int8_scheme": int8_scheme} if precision == "int8" else {})},
     )  # fmt: skip
     files = [ENCODER_FILE, DECODER_FILE, *tokenizers]
     manifest = write_manifest(out, manifest, files)
@@ -123,12 +124,15 @@ def file_sizes(directory: Path) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-export", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version('nmt-serve')}")
     parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
     parser.add_argument("--out", type=Path, required=True, help="model dir to write")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--name", default="", help="model name in the manifest (default: the checkpoint dir's name)")
-    parser.add_argument("--version", default="", help="model version (default: steps from train.json)")
+    parser.add_argument("--model-version", default="", help="model version in the manifest (default: the best validation step from train.json)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument("--int8-scheme", choices=INT8_SCHEMES, default=DEFAULT_INT8_SCHEME,
+                        help="with --precision int8: how to quantize (export/optimize.py; u8s8-rows keeps answers independent of the batch)")
     parser.add_argument("--parity-test", type=Path, help="TSV for token/text parity (default: tensor parity only)")
     parser.add_argument("--parity-limit", type=int, default=0, help="only the first N test pairs (0 = all)")
     parser.add_argument("--no-parity", action="store_true", help="skip parity (the manifest then says so)")
@@ -144,9 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     info: dict[str, Any] = load_checkpoint(args.checkpoint).train_info
     name = args.name or args.checkpoint.resolve().name
     # The weights are the best validation step's, not the run's last step.
-    version = args.version or f"step-{info.get('best', {}).get('step', info.get('steps', 0))}"
+    version = args.model_version or f"step-{info.get('best', {}).get('step', info.get('steps', 0))}"
     pairs = read_tsv(str(args.parity_test)) if args.parity_test else random_pairs(32)
-    export_model_dir(args.checkpoint, args.out, args.precision, name, version, [source for source, _ in pairs], args.opset)
+    export_model_dir(args.checkpoint, args.out, args.precision, name, version, [source for source, _ in pairs], args.opset, args.int8_scheme)
     if not args.no_parity:
         run_parity(args.out, args.checkpoint, args.parity_test, args.parity_limit)
     return 0

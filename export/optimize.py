@@ -96,9 +96,11 @@ def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32,
     onnx.save(quantizer.model.model, str(target))
 
 
-def convert_precision(source: Path, target: Path, precision: str) -> None:
-    converters = {"fp16": convert_to_fp16, "int8": convert_to_int8}
-    if precision not in converters:
-        raise ValueError(f"no conversion to {precision!r}; choose one of {', '.join(converters)}")
-    converters[precision](source, target)
+def convert_precision(source: Path, target: Path, precision: str, int8_scheme: str = DEFAULT_INT8_SCHEME) -> None:
+    if precision == "int8":
+        convert_to_int8(source, target, int8_scheme)
+    elif precision == "fp16":
+        convert_to_fp16(source, target)
+    else:
+        raise ValueError(f"no conversion to {precision!r}; choose one of fp16, int8")
     logger.info("%s -> %s (%s)", source.name, target, precision)

@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from importlib.metadata import version
 
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckError, check_model_dir
@@ -18,6 +19,7 @@ from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckError, check_
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-parity", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("model_dir", type=Path, help="exported model dir (manifest.json, encoder.onnx, decoder.onnx)")
     parser.add_argument("--checkpoint", type=Path,
                         help="the checkpoint dir it was exported from: full parity, written into manifest.json (needs the export extra)")

@@ -7,6 +7,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from importlib.metadata import version
 
 from nmt_serve.model.extras import require_extra
 
@@ -72,6 +73,7 @@ def write_average(checkpoint: Path, snapshots: Sequence[Path], out: Path) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="nmt-average", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("checkpoint", type=Path, help="the run's checkpoint dir (config, tokenizer, train.json)")
     parser.add_argument("snapshots", type=Path, nargs="*", help="snapshot dirs (default: the newest --last of CHECKPOINT/snapshots)")
     parser.add_argument("--last", type=int, default=5, help="how many of the newest snapshots to average when none are named")

@@ -15,6 +15,7 @@ import sys
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 from nmt_serve.model.help_corpus import DEFAULT_HELP_ROOT, read_help
 
@@ -389,6 +390,7 @@ def print_report(report: dict) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nmt-corpus", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--out", required=True, help="output directory for train/valid/test.tsv")
     parser.add_argument("--ding", default=DEFAULT_DING, help="Ding de-en dictionary file")
     parser.add_argument("--locale-dir", action="append", default=None,

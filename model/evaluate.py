@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from importlib.metadata import version
 
 from nmt_serve.model.extras import require_extra
 
@@ -86,6 +87,7 @@ def record_result(checkpoint: Path, name: str, result: dict[str, object]) -> Non
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-eval", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("checkpoint", type=Path, help="checkpoint dir (config.json, model.safetensors, tokenizer.json)")
     parser.add_argument("--test", type=Path, required=True, help="TSV of German<TAB>English pairs")
     parser.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")

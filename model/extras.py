@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 
 def require_extra(command: str, extra: str, modules: Sequence[str]) -> None:
@@ -15,6 +16,9 @@ def require_extra(command: str, extra: str, modules: Sequence[str]) -> None:
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if not missing:
         return
+    if os.path.basename(sys.argv[0]) == command and "--version" in sys.argv[1:]:  # the version needs no extra
+        sys.stdout.write(f"{command} {version('nmt-serve')}\n")
+        raise SystemExit(0)
     first = " (torch==2.13.0 first, as make install does)" if "torch" in missing else ""
     message = f"{command} needs {', '.join(missing)}, which this install lacks: pip install 'nmt-serve[{extra}]'{first}"
     if os.path.basename(sys.argv[0]) == command:

@@ -13,6 +13,7 @@ import unicodedata
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from importlib.metadata import version
 
 from nmt_serve.model.corpus import Pair, normalize_text, read_tsv, write_tsv
 
@@ -153,6 +154,7 @@ def build_public_corpus(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nmt-corpus-public", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--out", required=True, help="output dir: SOURCE-train.tsv per source, one TSV per held-out set, manifest.json")
     parser.add_argument("--multi30k", help="dir of Multi30k task 1 raw files (train.de.gz, val.en.gz, test_2016_flickr.de.gz, ...)")
     parser.add_argument("--download-multi30k", action="store_true",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from importlib.metadata import version
 
 from nmt_serve.model.extras import require_extra
 
@@ -306,6 +307,7 @@ class Trainer:
 def build_parser() -> argparse.ArgumentParser:
     defaults = TrainSettings()
     parser = argparse.ArgumentParser(prog="nmt-train", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--train", type=Path, required=True, help="TSV of German<TAB>English training pairs")
     parser.add_argument("--valid", type=Path, required=True, help="TSV of validation pairs")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint dir (best weights; last/ holds resume state)")

@@ -13,7 +13,7 @@ python -c "import sys; from model.checkpoint import load_checkpoint, save_weight
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 4 --record
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 1 --record
 for precision in fp32 int8; do
-  nmt-export "$checkpoint" --out "$checkpoint/onnx-$precision" --precision "$precision" --parity-test "$test_tsv" ${version:+--version "$version"}
+  nmt-export "$checkpoint" --out "$checkpoint/onnx-$precision" --precision "$precision" --parity-test "$test_tsv" ${version:+--model-version "$version"}
 done
 du -sh "$checkpoint"/model.safetensors "$checkpoint"/onnx-*
 git ls-files -co --exclude-standard "$checkpoint" | xargs du -cb | tail -1  # everything committed under the checkpoint dir (limit: 80 MB)

@@ -13,14 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
-# Commands whose module has no --version flag yet (model/, export/): their parsers refuse the flag.
-WITHOUT_VERSION = {"nmt-corpus", "nmt-corpus-public", "nmt-train", "nmt-eval", "nmt-average", "nmt-export", "nmt-parity"}
-
-
-@pytest.mark.parametrize("command", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="its module has no --version flag")) if name in WITHOUT_VERSION else name
-    for name in sorted(SCRIPTS)
-])  # fmt: skip
+@pytest.mark.parametrize("command", sorted(SCRIPTS))
 def test_command_version_prints_the_package_version(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     module_name, _, attribute = SCRIPTS[command].partition(":")
     main = getattr(importlib.import_module(module_name), attribute)

@@ -21,6 +21,7 @@ from nmt_serve.model.transformer import ACTIVATION_FUNCTIONS
 from nmt_serve.runtime import step_cache
 from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.source_layout import MIN_QUERIES
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +110,10 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
     three, two = (np.array([0, 1, 2]), np.array([0, 1, 2])), (np.array([0, 1]), np.array([1, 0]))
     calls = [
         (three[0], np.full(3, -1), np.array([1, 1, 1])),
-        (three[0], three[1], np.array([20, 21, 22])),  # layout (3 rows, 3 sources, 1 query)
-        (two[0], two[1], np.array([23, 24])),  # a source left, rows swapped: (2, 2, 1)
-        (three[0], np.array([1, 0, -1]), np.array([25, 26, 1])),  # back to (3, 3, 1): the kept binding
-        (two[0], two[1], np.array([27, 28])),  # and back to (2, 2, 1)
+        (three[0], three[1], np.array([20, 21, 22])),  # layout (3 rows, 3 sources, MIN_QUERIES queries)
+        (two[0], two[1], np.array([23, 24])),  # a source left, rows swapped: (2, 2, MIN_QUERIES)
+        (three[0], np.array([1, 0, -1]), np.array([25, 26, 1])),  # back to (3, 3, MIN_QUERIES): the kept binding
+        (two[0], two[1], np.array([27, 28])),  # and back to (2, 2, MIN_QUERIES)
     ]
     seen: dict[tuple[int, int, int], object] = {}
     for call in calls:
@@ -120,7 +121,7 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
         bound = ort_step.cache._binding
         assert bound is not None
         assert seen.setdefault(bound.layout, bound.io_binding) is bound.io_binding  # one binding per layout, reused
-    assert set(seen) == {(3, 3, 1), (2, 2, 1)}
+    assert set(seen) == {(3, 3, MIN_QUERIES), (2, 2, MIN_QUERIES)}
 
 
 def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
@@ -197,7 +198,7 @@ def test_step_cache_source_absent_while_buffers_narrow_is_copied_again(fp32_dir:
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
         widths.append(ort_step.cache._src_mask.shape[1])
-    assert widths == [41, step_cache.MIN_SOURCE_WIDTH, 41]  # 40 tokens and EOS
+    assert widths == [step_cache.source_width(41), step_cache.MIN_SOURCE_WIDTH, step_cache.source_width(41)]  # 40 tokens and EOS, rounded up
 
 
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
