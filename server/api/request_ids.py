@@ -40,7 +40,10 @@ class RequestIds(grpc.aio.ServerInterceptor):
 
 
 def echoing(handler: grpc.RpcMethodHandler, call_id: str) -> grpc.RpcMethodHandler:
-    """`handler` sending the request id in the initial metadata before anything else it answers."""
+    """`handler` sending the request id back: in the initial metadata with the first response, and in the trailing
+    metadata of every answer. A call refused before any response (warming up, queue full, bad token) ends with
+    trailers only: initial metadata sent before the refusal would commit the call, and gRPC clients then no longer
+    retry an UNAVAILABLE or a RESOURCE_EXHAUSTED that their retry policy covers."""
     metadata = ((HEADER, call_id),)
     kinds = (("unary_unary", grpc.unary_unary_rpc_method_handler), ("unary_stream", grpc.unary_stream_rpc_method_handler),
              ("stream_unary", grpc.stream_unary_rpc_method_handler), ("stream_stream", grpc.stream_stream_rpc_method_handler))  # fmt: skip
@@ -48,15 +51,22 @@ def echoing(handler: grpc.RpcMethodHandler, call_id: str) -> grpc.RpcMethodHandl
     behaviour = getattr(handler, kind)
     if inspect.isasyncgenfunction(behaviour):
         async def responses(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await context.send_initial_metadata(metadata)
+            context.set_trailing_metadata(metadata)
+            first = True
             async for response in behaviour(request, context):
+                if first:
+                    await context.send_initial_metadata(metadata)
+                    first = False
                 yield response
 
         echoed: Callable[..., Any] = responses
-    else:  # a coroutine: one response, or one that writes its responses through context.write
+    else:  # a coroutine: one response returned (sent after it returns), or responses written through context.write
         async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.send_initial_metadata(metadata)
-            return await behaviour(request, context)
+            context.set_trailing_metadata(metadata)
+            result = await behaviour(request, context)
+            if result is not None:
+                await context.send_initial_metadata(metadata)
+            return result
 
         echoed = answer
     return wrap(echoed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
