@@ -4,7 +4,8 @@ A decoder step multiplies every row by every weight matrix (self-attention QKV a
 cross-attention query and output, the FFN, the output projection). Those products are the part
 no scheduling, caching or host code can remove. This module cuts them out of the model dir's
 decoder, after ONNX Runtime's own graph optimisations (so the int8 graph's MatMuls are the fused
-DynamicQuantizeMatMul kernels the engine runs), into a graph of those nodes alone, and times one
+kernels the engine runs: DynamicQuantizeMatMul with one activation scale per call, MatMulIntegerToFloat
+on activations already quantized per row), into a graph of those nodes alone, and times one
 call per step at the step's rows. A cell's tokens/s can be no higher than its best hypotheses'
 tokens per step over that time: attention, layer norms, log-softmax, the encoder and the engine's
 host work all come on top. Where that ceiling is below a target, the target cannot be reached
@@ -25,8 +26,11 @@ from onnx import TensorProto, helper
 from nmt_serve.bench.systems import Cell
 from nmt_serve.runtime.manifest import load_model_dir
 
-# Weight products as they stand in an optimised decoder: (op type, domain). The weight is input 1.
-WEIGHT_PRODUCTS = {("MatMul", ""), ("DynamicQuantizeMatMul", "com.microsoft")}
+# Weight products as they stand in an optimised decoder: (op type, domain) -> the element type of input 0, the
+# activation; the weight is input 1. MatMulIntegerToFloat takes rows quantized before it (export/row_quantization.py):
+# the quantization is not a weight product, so its input here is already uint8.
+WEIGHT_PRODUCTS = {("MatMul", ""): TensorProto.FLOAT, ("DynamicQuantizeMatMul", "com.microsoft"): TensorProto.FLOAT,
+                   ("MatMulIntegerToFloat", "com.microsoft"): TensorProto.UINT8}  # fmt: skip
 IR_VERSION = 9  # accepted by every onnxruntime this project supports; the optimised file may carry a newer one
 
 
@@ -42,26 +46,28 @@ def optimized_decoder(decoder_path: Path, threads: int) -> onnx.ModelProto:
 
 
 def weight_products_model(decoder: onnx.ModelProto) -> onnx.ModelProto:
-    """A graph of the decoder's weight products alone; input `x{K}` (rows, K) feeds every product of inner size K."""
+    """A graph of the decoder's weight products alone; input `x{K}` (rows, K) feeds every float product of inner size
+    K, `q{K}` every one taking uint8 rows."""
     initializers = {tensor.name: tensor for tensor in decoder.graph.initializer}
-    nodes, outputs, used, inner_sizes = [], [], [], set()
+    nodes, outputs, used, inputs = [], [], [], {}
     for node in decoder.graph.node:
         if (node.op_type, node.domain) not in WEIGHT_PRODUCTS or node.input[1] not in initializers:
             continue
-        inner, width = initializers[node.input[1]].dims  # (K, N): both kinds take the weight unpacked and untransposed
-        inner_sizes.add(inner)
+        inner, width = initializers[node.input[1]].dims  # (K, N): every kind takes the weight unpacked and untransposed
+        element = WEIGHT_PRODUCTS[(node.op_type, node.domain)]
+        source = f"{'q' if element == TensorProto.UINT8 else 'x'}{inner}"
+        inputs[source] = helper.make_tensor_value_info(source, element, ["rows", inner])
         constants = [name for name in node.input[1:] if name]
         missing = [name for name in constants if name not in initializers]
         if missing:
             raise ValueError(f"{node.name}: inputs {missing} are not constants; cannot time it alone")
         used += [name for name in constants if name not in used]
-        nodes.append(helper.make_node(node.op_type, [f"x{inner}", *node.input[1:]], [node.output[0]], name=node.name, domain=node.domain))
+        nodes.append(helper.make_node(node.op_type, [source, *node.input[1:]], [node.output[0]], name=node.name, domain=node.domain))
         nodes[-1].attribute.extend(node.attribute)
         outputs.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, ["rows", width]))
     if not nodes:
-        raise ValueError("the decoder has no weight MatMul that ONNX Runtime left as MatMul or DynamicQuantizeMatMul")
-    inputs = [helper.make_tensor_value_info(f"x{inner}", TensorProto.FLOAT, ["rows", inner]) for inner in sorted(inner_sizes)]
-    graph = helper.make_graph(nodes, "weight_products", inputs, outputs, [initializers[name] for name in used])
+        raise ValueError("the decoder has no weight MatMul that ONNX Runtime left as MatMul or a fused int8 product")
+    graph = helper.make_graph(nodes, "weight_products", [inputs[name] for name in sorted(inputs)], outputs, [initializers[name] for name in used])
     opsets = [opset for opset in decoder.opset_import if opset.domain in ("", "com.microsoft")]
     return helper.make_model(graph, ir_version=IR_VERSION, opset_imports=opsets)
 
@@ -76,7 +82,7 @@ class MatmulCeiling:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        self.inner_sizes = [int(tensor.type.tensor_type.shape.dim[1].dim_value) for tensor in model.graph.input]
+        self.inputs = [(tensor.name, int(tensor.type.tensor_type.shape.dim[1].dim_value), tensor.type.tensor_type.elem_type) for tensor in model.graph.input]
         self.name = f"nmt-serve {label} MatMuls alone"
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
 
@@ -84,7 +90,8 @@ class MatmulCeiling:
         if rows not in self._feeds:
             rng = np.random.default_rng(rows)
             # Non-negative like post-ReLU activations; a quantized kernel's time does not depend on the values.
-            self._feeds[rows] = {f"x{inner}": rng.random((rows, inner), dtype=np.float32) for inner in self.inner_sizes}
+            self._feeds[rows] = {name: rng.random((rows, inner), dtype=np.float32) if element == TensorProto.FLOAT
+                                 else rng.integers(0, 256, (rows, inner), dtype=np.uint8) for name, inner, element in self.inputs}  # fmt: skip
         return self._feeds[rows]
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:

@@ -70,6 +70,44 @@ def dequantized_outputs(graph: onnx.GraphProto, scale: str) -> list[onnx.NodePro
     return found
 
 
+def fuse_products(graph: onnx.GraphProto, unit_scales: set[str]) -> None:
+    """MatMulInteger -> Cast -> Mul(unit activation scale x weight scales) becomes one com.microsoft
+    MatMulIntegerToFloat with the weight scales, in place. ONNX Runtime fuses that chain itself only when
+    the scale product is computed at run time; with the constant unit scale it folds the product first and
+    leaves three kernels (the per-row graph then ran 10-30% slower than the per-call one)."""
+    producers = {output: node for node in graph.node for output in node.output}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    dropped: set[int] = set()
+    fused: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        if node.op_type != "MatMulInteger" or len(users.get(node.output[0], [])) != 1:
+            continue
+        (cast,) = users[node.output[0]]
+        dequantize = users.get(cast.output[0], [])
+        if cast.op_type != "Cast" or len(dequantize) != 1 or dequantize[0].op_type != "Mul":
+            continue
+        scales = producers.get(next(name for name in dequantize[0].input if name != cast.output[0]))
+        if scales is None or scales.op_type != "Mul" or not unit_scales & set(scales.input):
+            continue
+        unit_scale = next(name for name in scales.input if name in unit_scales)
+        weight_scale = next(name for name in scales.input if name not in unit_scales)
+        activation, weight, activation_zero_point, weight_zero_point = node.input
+        fused[id(node)] = helper.make_node(
+            "MatMulIntegerToFloat", [activation, weight, unit_scale, weight_scale, activation_zero_point, weight_zero_point],
+            [dequantize[0].output[0]], f"{node.name}.to_float", domain="com.microsoft")  # fmt: skip
+        dropped |= {id(cast), id(dequantize[0])}
+        if len(users[scales.output[0]]) == 1:
+            dropped.add(id(scales))
+    if not fused:
+        return
+    nodes = [fused.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def quantize_rows(model: onnx.ModelProto) -> int:
     """Replace every DynamicQuantizeLinear of `model` by per-row quantization, in place; how many were replaced."""
     graph = model.graph
@@ -93,4 +131,7 @@ def quantize_rows(model: onnx.ModelProto) -> int:
             nodes.append(rescales[node.name])
     del graph.node[:]
     graph.node.extend(nodes)
+    fuse_products(graph, {node.output[1] for node in quantizers})
+    if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return len(quantizers)

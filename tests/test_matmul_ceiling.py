@@ -34,15 +34,18 @@ def test_weight_products_are_every_decoder_matmul_and_compute_x_times_w(tiny_mod
         np.testing.assert_allclose(output, feed[node.input[0]] @ weights[node.input[1]], rtol=1e-4, atol=1e-4)
 
 
-def test_weight_products_of_an_int8_decoder_are_the_fused_quantized_kernels(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("scheme", "kernel", "element"), [("u8s8-rows", "MatMulIntegerToFloat", np.uint8),
+                                                            ("u8s8-reduce-range", "DynamicQuantizeMatMul", np.float32)])  # fmt: skip
+def test_weight_products_of_an_int8_decoder_are_the_fused_quantized_kernels(tiny_model_dir: Path, tmp_path: Path, scheme: str, kernel: str,
+                                                                            element: type) -> None:  # fmt: skip
     layers = load_model_dir(tiny_model_dir).config.n_decoder_layers
     int8_decoder = tmp_path / "decoder.onnx"
-    convert_to_int8(decoder_path(tiny_model_dir), int8_decoder)
+    convert_to_int8(decoder_path(tiny_model_dir), int8_decoder, scheme)
     model = weight_products_model(optimized_decoder(int8_decoder, threads=1))
-    assert [node.op_type for node in model.graph.node] == ["DynamicQuantizeMatMul"] * (6 * layers + 1)
+    assert [node.op_type for node in model.graph.node] == [kernel] * (6 * layers + 1)
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feed = {tensor.name: np.ones((2, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=np.float32) for tensor in model.graph.input}
+    feed = {tensor.name: np.ones((2, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=element) for tensor in model.graph.input}
     widths = [int(tensor.type.tensor_type.shape.dim[1].dim_value) for tensor in model.graph.output]
     assert [output.shape for output in session.run(None, feed)] == [(2, width) for width in widths]
 
