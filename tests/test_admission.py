@@ -10,7 +10,7 @@ import pytest
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.service import SERVICE_NAME
 from tests.raw_http2 import END_HEADERS, HEADERS, call, frame, request_headers
-from tests.serving import RunningServer, scrape_until, server_settings, total, wait_for
+from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
 
 LONG = pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)
 
@@ -38,10 +38,14 @@ def test_early_admission_lets_calls_in_once_a_place_frees(tiny_model_dir: Path) 
     with RunningServer(server_settings(tiny_model_dir, max_queued_requests=1, max_rows=1)) as server:
         channel, stub = server.stub()
         with channel:
-            holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
-            next(holder)
-            with pytest.raises(grpc.RpcError, match="queue full"):
-                stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
-            holder.cancel()
+            # The engine steps only when let through, so the holder cannot finish, however fast the CPU, before the
+            # second call has been refused.
+            with held_engines(server) as gate:
+                holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
+                gate.allow(2)
+                next(holder)
+                with pytest.raises(grpc.RpcError, match="queue full"):
+                    stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
+                holder.cancel()
             assert wait_for(lambda: server.server.scheduler.in_flight == 0, 10)
             assert stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=30).translations
