@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# Notifications arrive on threads of their own; print() writes a line and its end separately, so two at once
+# could share a line. Each line is written whole, under this lock.
+OUTPUT_LOCK = threading.Lock()
 
 
 class Notification(BaseHTTPRequestHandler):
@@ -20,9 +25,11 @@ class Notification(BaseHTTPRequestHandler):
         except (ValueError, KeyError) as error:
             self.send_error(400, f"not an Alertmanager webhook notification: {error}")
             return
-        for alert in alerts:
-            print(json.dumps({"receiver": body.get("receiver"), **{key: alert.get(key) for key in
-                              ("status", "labels", "annotations", "startsAt", "endsAt")}}, sort_keys=True), flush=True)  # fmt: skip
+        lines = [json.dumps({"receiver": body.get("receiver"), **{key: alert.get(key) for key in ("status", "labels", "annotations", "startsAt", "endsAt")}},
+                            sort_keys=True) + "\n" for alert in alerts]  # fmt: skip
+        with OUTPUT_LOCK:
+            sys.stdout.write("".join(lines))
+            sys.stdout.flush()
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
