@@ -26,17 +26,25 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU computes in bfloat16 natively (the CPU default of nmt-train --bf16)."""
+def cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's `name: value` lines of /proc/cpuinfo (empty where it cannot be read)."""
     try:
         text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block describes them all
         name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features") and NATIVE_BF16_FLAGS & set(value.split()):
-            return True
-    return False
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes in bfloat16 natively (the CPU default of nmt-train --bf16)."""
+    fields = cpuinfo_fields(cpuinfo)
+    return bool(NATIVE_BF16_FLAGS & set((fields.get("flags") or fields.get("Features", "")).split()))
 
 
 def bf16_is_native(device: torch.device) -> bool:
@@ -48,12 +56,4 @@ def bf16_is_native(device: torch.device) -> bool:
 
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name as /proc/cpuinfo gives it (what train.json records for each leg)."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "unknown"
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "model name":
-            return value.strip()
-    return "unknown"
+    return cpuinfo_fields(cpuinfo).get("model name") or "unknown"
