@@ -20,13 +20,17 @@ def test_early_admission_refuses_before_reading_the_message(tiny_model_dir: Path
     with RunningServer(settings) as server:
         channel, stub = server.stub()
         with channel:
-            holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
-            next(holder)  # the one place in the queue is taken
-            # Headers and no message: a call that had to be read first would wait out the 30 s maximum.
-            ending = call(server.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(f"/{SERVICE_NAME}/Translate")), wait_s=10)
-            with pytest.raises(grpc.RpcError, match="queue full") as caught:
-                stub.Translate(pb.TranslateRequest(texts=["Hund"] * 4), timeout=10)
-            holder.cancel()
+            # The engine steps only when let through, so the holder keeps its place, however fast the CPU, until both
+            # other calls have been refused.
+            with held_engines(server) as gate:
+                holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
+                gate.allow(2)
+                next(holder)  # the one place in the queue is taken
+                # Headers and no message: a call that had to be read first would wait out the 30 s maximum.
+                ending = call(server.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(f"/{SERVICE_NAME}/Translate")), wait_s=10)
+                with pytest.raises(grpc.RpcError, match="queue full") as caught:
+                    stub.Translate(pb.TranslateRequest(texts=["Hund"] * 4), timeout=10)
+                holder.cancel()
         samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_rejected_total", reason="queue_full") >= 2)
     assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], ending
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
