@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import logging
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 from importlib.metadata import version
 
 from nmt_serve.model.corpus import Pair, normalize_text, read_tsv, write_tsv
+from nmt_serve.model.file_hash import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +38,6 @@ def overlap_key(text: str) -> str:
     return _NON_WORD_RE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class FileLedger:
     """Every file read, with its SHA-256: what the corpus manifest records."""
 
@@ -53,7 +45,7 @@ class FileLedger:
         self.files: dict[str, str] = {}
 
     def open_lines(self, path: Path) -> list[str]:
-        self.files[str(path)] = sha256_of(path)
+        self.files[str(path)] = sha256_file(path)
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8", newline="") as stream:
             return [line.rstrip("\r\n") for line in stream]
@@ -135,7 +127,7 @@ def build_public_corpus(args: argparse.Namespace) -> dict:
         sources["multi30k"] = read_multi30k_split(directory, MULTI30K_TRAIN, ledger)
     for path in args.held_out or ():
         held_out[Path(path).stem] = read_tsv(path)
-        ledger.files[str(path)] = sha256_of(Path(path))
+        ledger.files[str(path)] = sha256_file(Path(path))
     if args.tatoeba:
         sources["tatoeba"] = read_tatoeba(Path(args.tatoeba), ledger)
     keys = held_out_keys(held_out)

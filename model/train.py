@@ -30,6 +30,7 @@ from nmt_serve.model.config import PRESETS, ModelConfig
 from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
+from nmt_serve.model.file_hash import sha256_file
 from nmt_serve.model.loss import batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
@@ -180,6 +181,15 @@ class Trainer:
         )
         logger.warning("no %s/ resume state: restarting from the best weights at step %d with a fresh optimizer", LAST_DIR, step)
 
+    def initialize_from(self, source: Path) -> dict[str, Any]:
+        """Start from another checkpoint's weights (fine-tuning on a new corpus): a new run from step 0, so the
+        learning rate warms up again and the validations and best score are this corpus's own."""
+        self.model.load_state_dict({name: tensor.float() for name, tensor in load_file(str(source / WEIGHTS_FILE)).items()})
+        origin = load_train_info(source)
+        logger.info("initialized from the weights in %s", source)
+        return {"dir": str(source), "weights_sha256": sha256_file(source / WEIGHTS_FILE), "version": origin.get("shipped", {}).get("version"),
+                "steps": origin.get("steps"), "corpus": origin.get("corpus")}  # fmt: skip
+
     def save_snapshot(self) -> None:
         """Weights of this validation for checkpoint averaging; only the newest `keep_snapshots` stay."""
         snapshots = self.out / SNAPSHOTS_DIR
@@ -313,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="checkpoint dir (best weights; last/ holds resume state)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly, or without it from the best weights in OUT")
+    parser.add_argument("--init-from", type=Path,
+                        help="checkpoint dir whose weights, config and tokenizer a new run starts from (fine-tuning on another corpus)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto = CUDA when torch sees a GPU, else CPU")
     for item in dataclasses.fields(TrainSettings):
@@ -347,11 +359,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(settings.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     train_pairs, valid_pairs = read_tsv(args.train), read_tsv(args.valid)
+    exact = (args.out / LAST_DIR / TRAINER_STATE_FILE).is_file()
+    initialize = args.init_from is not None and not (args.resume and exact)
+    if initialize:
+        if args.resume:
+            parser.error("--init-from starts a new run; --resume without OUT/last/ would restart from OUT's own weights")
+        # The weights come with their tokenizer: the ids must mean what they meant in the source run.
+        shutil.copyfile(args.init_from / TOKENIZER_FILE, args.out / TOKENIZER_FILE)
     tokenizer = load_or_train_tokenizer(args.out, train_pairs, PRESETS[args.preset].vocab_size)
     config = dataclasses.replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size)
-    exact = (args.out / LAST_DIR / TRAINER_STATE_FILE).is_file()
-    if args.resume:
-        config = ModelConfig.load(args.out / (LAST_DIR if exact else "") / "config.json")
+    if args.resume or initialize:
+        config = ModelConfig.load(args.init_from / "config.json" if initialize else args.out / (LAST_DIR if exact else "") / "config.json")
     if settings.dropout >= 0.0:
         # Dropout changes training only; the exported graphs never see it.
         try:
@@ -364,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer.load_last()
     elif args.resume:
         trainer.restart_from_best(record)
+    elif initialize:
+        record["initialized_from"] = trainer.initialize_from(args.init_from)
     record.update(
         preset=args.preset,
         config=config.to_dict(),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -15,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nmt_serve.model.config import IMPORT_FIELDS, ModelConfig
+from nmt_serve.model.file_hash import sha256_file
 from nmt_serve.model.tokenizer import TOKENIZER_FILE
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,6 @@ PRECISIONS = ("fp32", "fp16", "int8")
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
 REQUIRED_GRAPHS = ("encoder", "decoder")
 SPECIAL_IDS = ("pad", "bos", "eos", "unk")
-_CHUNK_BYTES = 1 << 20
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # A tuple is an array: write_manifest validates to_dict()'s output, where ModelConfig keeps id lists as tuples.
 _JSON_KINDS = {dict: "object", list: "array", tuple: "array", str: "string", bool: "boolean", int: "integer", float: "number",
@@ -128,15 +127,6 @@ class Manifest:
         if manifest is None:
             raise ValueError("invalid manifest: " + "; ".join(problems))
         return manifest
-
-
-def sha256_file(path: Path, chunk_bytes: int = _CHUNK_BYTES) -> str:
-    """Hex sha256 of a file, read in chunks so a multi-GB graph never sits in memory whole."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_manifest(model_dir: Path, manifest_without_hashes: Manifest, files: Sequence[str]) -> Manifest:

@@ -273,3 +273,24 @@ def test_train_dropout_flag_overrides_the_checkpoint_config_on_a_restart(tiny_co
     with pytest.raises(SystemExit):
         train_main([*train_args(tiny_corpus, out, 12), "--resume", "--dropout", "1.5"])
     assert "--dropout: invalid ModelConfig: dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_init_from_starts_a_new_run_from_another_checkpoints_weights_and_tokenizer(tiny_checkpoint: Path, tiny_corpus: dict[str, Path],
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Fine-tuning: step 0 of a new run on the source checkpoint's weights (a zero learning rate keeps them as they were)."""
+    out = tmp_path / "tuned"
+    assert train_main([*train_args(tiny_corpus, out, 1), "--init-from", str(tiny_checkpoint), "--peak-lr", "0"]) == 0
+    assert (out / "tokenizer.json").read_bytes() == (tiny_checkpoint / "tokenizer.json").read_bytes()
+    source, tuned = load_file(str(tiny_checkpoint / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert source.keys() == tuned.keys() and all(torch.equal(source[name], tuned[name]) for name in source)
+    info = json.loads((out / "train.json").read_text())
+    assert info["steps"] == 1 and [point[0] for point in info["loss_curve"]] == [1]
+    assert info["initialized_from"]["dir"] == str(tiny_checkpoint)
+    assert len(info["initialized_from"]["weights_sha256"]) == 64
+
+
+def test_init_from_with_resume_of_a_run_without_its_resume_state_is_refused(tiny_checkpoint: Path, tiny_corpus: dict[str, Path],
+                                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with pytest.raises(SystemExit):
+        train_main([*train_args(tiny_corpus, tmp_path / "run", 1), "--init-from", str(tiny_checkpoint), "--resume"])
+    assert "--init-from starts a new run" in capsys.readouterr().err
