@@ -23,7 +23,7 @@ cases the tests hold, and its character spans include the following whitespace):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 # Lowercased, without the final dot. Kept as data so that a new abbreviation is a one-word change.
 NON_BREAKING = frozenset("""
@@ -49,17 +49,25 @@ BULLET = re.compile(r"[ \t]*(?:[-*•–—·▪◦‣]|\d{1,3}[.)]|[a-zA-Z][)])
 LETTER_GROUP = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]", re.UNICODE)  # "z.B" "u.a" before the final dot
 NUMBER = re.compile(r"\d+")
 BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+LINE_END = re.compile(r"[.!?…:][" + re.escape(CLOSERS) + r"]*\s*$")  # a line that ends its sentence
 
 
-def split_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each sentence, in order; no span starts or ends with whitespace; blank text has none."""
+def split_spans(text: str, max_spans: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each sentence, in order; no span starts or ends with whitespace; blank text has none.
+
+    With `max_spans`, splitting stops once it has found one span more than that: a caller refusing such a
+    text learns it without splitting the rest. The work is linear in the text's length either way."""
     spans: list[tuple[int, int]] = []
     for start, end in _blocks(text):
         cut = start
         for boundary in _boundaries(text, start, end):
             _add(spans, text, cut, boundary)
             cut = boundary
+            if max_spans is not None and len(spans) > max_spans:
+                return spans
         _add(spans, text, cut, end)
+        if max_spans is not None and len(spans) > max_spans:
+            return spans
     return spans
 
 
@@ -91,35 +99,38 @@ def _add(spans: list[tuple[int, int]], text: str, start: int, end: int) -> None:
         spans.append((start, end))
 
 
-def _blocks(text: str) -> list[tuple[int, int]]:
-    """Runs of lines that may hold one sentence across a line break (a wrapped line); see the module rules."""
-    lines, start = [], 0
+def _blocks(text: str) -> Iterator[tuple[int, int]]:
+    """Runs of lines that may hold one sentence across a line break (a wrapped line); see the module rules.
+
+    Each line is compared with the line before it only, so the work is linear in the text: a block of
+    wrapped lines is never reread as it grows."""
+    block: tuple[int, int] | None = None
+    start, previous = 0, ""
     for line in text.splitlines(keepends=True):
-        lines.append((start, start + len(line)))
-        start += len(line)
-    blocks: list[tuple[int, int]] = []
-    for start, end in lines:
-        line = text[start:end]
-        if blocks and not _starts_new_block(text, blocks[-1], line):
-            blocks[-1] = (blocks[-1][0], end)
+        end = start + len(line)
+        if block is not None and not _starts_new_block(previous, line):
+            block = (block[0], end)
         else:
-            blocks.append((start, end))
-    return blocks
+            if block is not None:
+                yield block
+            block = (start, end)
+        start, previous = end, line
+    if block is not None:
+        yield block
 
 
-def _starts_new_block(text: str, block: tuple[int, int], line: str) -> bool:
-    previous = text[block[0]:block[1]]
-    last_line = previous.splitlines()[-1] if previous.strip() else ""
+def _starts_new_block(last_line: str, line: str) -> bool:
+    """Whether `line` starts a block of its own after `last_line` (a blank line stands alone, so the line
+    before is always the last of its block)."""
     if not line.strip() or not last_line.strip():
         return True  # a blank line before or at this line: a paragraph break
     if BULLET.match(line) or BULLET.match(last_line):
         return True  # list items stand alone
-    return bool(re.search(r"[.!?…:][" + re.escape(CLOSERS) + r"]*\s*$", last_line))
+    return bool(LINE_END.search(last_line))
 
 
-def _boundaries(text: str, start: int, end: int) -> list[int]:
+def _boundaries(text: str, start: int, end: int) -> Iterator[int]:
     """Offsets inside [start, end) where a sentence ends (just after its terminator and closers)."""
-    found = []
     for match in TERMINATOR.finditer(text, start, end):
         stop = match.end()
         while stop < end and text[stop] in CLOSERS:
@@ -132,8 +143,7 @@ def _boundaries(text: str, start: int, end: int) -> list[int]:
         if after >= end:
             continue  # the block's own end
         if _breaks(text, start, match, stop, after):
-            found.append(stop)
-    return found
+            yield stop
 
 
 def _breaks(text: str, block_start: int, terminator: re.Match[str], closed: int, next_start: int) -> bool:

@@ -101,3 +101,32 @@ def test_join_keeps_spaces_newlines_and_paragraph_breaks() -> None:
 def test_join_refuses_a_count_mismatch() -> None:
     with pytest.raises(ValueError, match="2 spans but 1 translations"):
         join("Eins. Zwei.", split_spans("Eins. Zwei."), ["One."])
+
+
+class CountingText(str):
+    """A text that counts the characters the splitter reads from it by index or slice (its work, as a count)."""
+
+    read = 0
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        part = str.__getitem__(self, key)
+        CountingText.read += len(part)
+        return part
+
+
+@pytest.mark.parametrize("line", ["a\n", "Ein Satz ohne Ende\n", "- Punkt.\n", "Ja.\n\n"])
+def test_split_spans_reads_each_character_a_bounded_number_of_times(line: str) -> None:
+    """Wrapped lines join one sentence: each line must not reread the lines before it (1,000 lines once cost a
+    million characters read)."""
+    for lines in (100, 1000):
+        CountingText.read = 0
+        text = CountingText(line * lines)
+        split_spans(text)
+        assert CountingText.read <= 4 * len(text), (lines, CountingText.read)
+
+
+def test_split_spans_stops_one_span_past_max_spans() -> None:
+    text = CountingText("- Punkt\n" * 1000)
+    CountingText.read = 0
+    assert split_spans(text, max_spans=64) == split_spans(str(text))[:65]
+    assert CountingText.read <= 4 * len("- Punkt\n") * 65  # the 935 lines after the 65th are never read

@@ -454,10 +454,10 @@ def test_split_sentences_over_the_sentence_limit_names_the_field_and_limit(stub,
     many = "Ja. " * (limit + 1)
     code, details = code_of(stub.Translate, texts_request("Hund.", many), timeout=30)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
-    assert details.startswith(f"texts[1] has {limit + 1} sentences; the limit is {limit} (max_sentences_per_text, set by nmt-serve "
+    assert details.startswith(f"texts[1] has more than {limit} sentences; the limit is {limit} (max_sentences_per_text, set by nmt-serve "
                               "--max-sentences-per-text); split the text into shorter texts, or set options.split_sentences to false")  # fmt: skip
     code, details = code_of(stub.TranslateStream, pb.TranslateStreamRequest(text=many), timeout=30)
-    assert code is grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"text has {limit + 1} sentences")
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"text has more than {limit} sentences")
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.limits.max_sentences_per_text == limit
 

@@ -110,11 +110,12 @@ class RequestReader:
         split = options.split_sentences if options.HasField("split_sentences") else True
         # Spans first, for every text: a text over the sentence limit is refused before any tokenizing.
         # Blank texts have no spans: they stay out of the tokenizer and the engine and translate to "".
-        spans = [split_spans(text) if split else ([(0, len(text))] if text.strip() else []) for text in texts]
+        # Splitting stops one sentence past the limit, so a refused text costs no more than an admitted one.
         limit = self.limits.max_sentences_per_text
+        spans = [split_spans(text, limit) if split else ([(0, len(text))] if text.strip() else []) for text in texts]
         for index, text_spans in enumerate(spans):
             if len(text_spans) > limit:
-                raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text_spans)} sentences; the limit is {limit} "
+                raise InvalidRequest(f"{self._name(field, index, len(texts))} has more than {limit} sentences; the limit is {limit} "
                                      "(max_sentences_per_text, set by nmt-serve --max-sentences-per-text); split the text into shorter "
                                      "texts, or set options.split_sentences to false to send it whole")  # fmt: skip
         inputs = sum(len(text_spans) for text_spans in spans)

@@ -14,6 +14,7 @@ from nmt_serve.model.sentences import join
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.engine.scheduler import Scheduler
 from nmt_serve.server.engine.sessions import Runtime
+from nmt_serve.server.models.preparation import prepare
 from nmt_serve.server.models.requests import Limits, RequestReader, Sentence, Source, Task
 from nmt_serve.server.settings import ServerSettings
 
@@ -40,7 +41,7 @@ class ServedModel:
         return HEALTH_PREFIX + self.name
 
     async def translate(self, request: pb.TranslateRequest, deadline: float) -> pb.TranslateResponse:
-        task = self.reader.translate(request)
+        task = await prepare(lambda: self.reader.translate(request), request.ByteSize())
         # Every sentence of every text is its own job, all submitted at once so that they share batches.
         # A TaskGroup cancels the other jobs as soon as one fails, so none runs on unanswered.
         async with asyncio.TaskGroup() as group:
@@ -51,7 +52,7 @@ class ServedModel:
         return pb.TranslateResponse(translations=translations, model=self.name)
 
     async def stream(self, request: pb.TranslateStreamRequest, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
-        task = self.reader.stream(request)
+        task = await prepare(lambda: self.reader.stream(request), request.ByteSize())
         source = task.sources[0]
         if source.blank:
             yield pb.TranslateStreamResponse(final=True, hypotheses=[self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))])
