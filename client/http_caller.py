@@ -16,7 +16,8 @@ from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 
 # The HTTP API's own error codes and the gRPC code each stands for: server/api/http_status.py's COUNTED_AS, repeated here
 # because the client imports nothing of the server (tests/test_http.py keeps the two equal).
-TRANSPORT_CODES = {"PAYLOAD_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED.name, "REQUEST_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED.name}
+TRANSPORT_CODES = {"PAYLOAD_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED.name, "REQUEST_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED.name,
+                   "UNSUPPORTED_MEDIA_TYPE": grpc.StatusCode.INVALID_ARGUMENT.name}
 
 
 class HttpCallError(Exception):

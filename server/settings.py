@@ -35,6 +35,9 @@ class ServerSettings:
     metrics_port: int = 9300  # 0 = any free port (logged); -1 = no endpoint
     http_host: str = "127.0.0.1"  # the HTTP/JSON API and its page (0.0.0.0 in containers)
     http_port: int = 8000  # 0 = no HTTP API
+    # Host names the HTTP API answers /v1 calls for, besides addresses, localhost and --http-host (against DNS rebinding).
+    http_allowed_hosts: str = ""
+    http_cors_origin: str = ""  # origins whose pages may call the HTTP API (CORS); empty = none, * = any
     # Request limits (reported by GetModelInfo).
     max_texts: int = 64
     max_chars_per_text: int = 2000
@@ -130,6 +133,10 @@ MEANINGS = {
     "port": "0 = any free port (logged, and written to --port-file)",
     "metrics_port": "0 = any free port (logged); -1 = no endpoint",
     "http_port": "the HTTP/JSON API (docs/http.md) and its page at /; 0 = off",
+    "http_allowed_hosts": "comma-separated Host names the HTTP API answers /v1 calls for, besides IP addresses, localhost and "
+                          "--http-host; '.example.com' = the domain and its subdomains; * = any name",
+    "http_cors_origin": "comma-separated origins (https://app.example.com) whose pages may call the HTTP API; empty = none (CORS off), "
+                        "* = any",
     "model_repo": "a directory whose subdirectories holding a manifest.json are each one served model, in name order",
     "default_model": "the model name requests with an empty model field get; empty = the first model served",
     "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",

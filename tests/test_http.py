@@ -131,6 +131,10 @@ def test_http_openapi_document_is_valid_and_generated_from_the_proto(running: Ru
     assert set(schemas["TranslateRequest"]["properties"]) == {field.name for field in pb.TranslateRequest.DESCRIPTOR.fields}
     assert set(schemas["DecodingOptions"]["properties"]) == {field.name for field in pb.DecodingOptions.DESCRIPTOR.fields}
     assert set(document["paths"]["/v1/translate"]["post"]["responses"]) == {str(status) for status in {*HTTP_STATUS.values(), OTHER_STATUS}}
+    for path, operations in document["paths"].items():
+        if path.startswith("/v1/"):
+            (operation,) = operations.values()
+            assert TIMEOUT_HEADER in {parameter["name"] for parameter in operation["parameters"] if parameter["in"] == "header"}, path
 
 
 def test_http_port_flag_defaults_to_8000_and_names_its_range() -> None:
@@ -187,7 +191,7 @@ def test_http_expired_deadline_is_504(running: RunningServer) -> None:
 def test_http_declared_oversized_body_is_413_before_it_is_read(running: RunningServer) -> None:
     """A declared 1 GB body: the answer comes after a few bytes of it, and the server closes the connection."""
     with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{\"texts\"")
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{\"texts\"")
         answer = b""
         while chunk := sock.recv(65536):  # returns b"" once the server closed: it is not waiting for the rest
             answer += chunk
@@ -199,7 +203,7 @@ def test_http_declared_oversized_body_is_413_before_it_is_read(running: RunningS
 def test_http_chunked_oversized_body_is_413_once_the_limit_has_arrived(running: RunningServer) -> None:
     """No declared length: the answer comes once the limit (262144 bytes) has arrived, the rest never sent."""
     with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
         for _ in range(33):  # 33 x 8 KiB > 256 KiB
             sock.sendall(b"2000\r\n" + b"a" * 8192 + b"\r\n")
         answer = b""
@@ -216,7 +220,7 @@ def test_http_stalled_body_is_408_at_the_deadline(tiny_model_dir: Path) -> None:
     with RunningServer(http_settings(tiny_model_dir, default_deadline_s=1.0, max_deadline_s=2.0)) as server:
         for timeout in ("1", None):
             with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=30) as sock:
-                head = ("POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                head = ("POST /v1/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
                         + (f"{TIMEOUT_HEADER}: {timeout}\r\n" if timeout else "") + "\r\n")  # fmt: skip
                 sock.sendall(head.encode() + b'{"texts"')
                 answer = b""
@@ -237,7 +241,7 @@ def test_http_connection_whose_headers_never_complete_is_closed(tiny_model_dir: 
     monkeypatch.setattr(http_server, "KEEPALIVE_S", 1.0)
     with RunningServer(http_settings(tiny_model_dir)) as server:
         with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=0.3) as sock:
-            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: localhost\r\n")
             closed = False
             for _ in range(20):  # a header line every 0.3 s for up to 6 s: a timer that restarted on each would never fire
                 try:
@@ -311,7 +315,7 @@ def test_http_refusals_before_the_servicer_are_counted(tiny_model_dir: Path) -> 
     (the oversized body under RESOURCE_EXHAUSTED, what grpcio answers it over gRPC)."""
     with RunningServer(http_settings(tiny_model_dir)) as server:
         with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 413")
         assert error_of(server, "/v1/translate/stream", {"text": GERMAN[0]}, {TIMEOUT_HEADER: "soon"})[0] == 400
         samples = scrape_until(server.server.metrics_port,
@@ -373,7 +377,7 @@ def test_http_cancelled_stream_frees_its_engine_rows(running: RunningServer) -> 
     scheduler = running.server.scheduler
     with held_engines(running) as gate, socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
         body = json.dumps({"text": GERMAN[0], "options": LONG}).encode()
-        sock.sendall(b"POST /v1/translate/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        sock.sendall(b"POST /v1/translate/stream HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
         received = b""
         sock.settimeout(0.5)

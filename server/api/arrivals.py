@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 
 import grpc
+
+# The monotonic time the call being handled arrived (set for the call's task, on both ports): every deadline of the
+# call is measured from it, so reading its request and decoding it share one maximum.
+ARRIVED: contextvars.ContextVar[float | None] = contextvars.ContextVar("arrived", default=None)
 
 
 class ArrivalClock(grpc.aio.ServerInterceptor):
@@ -27,4 +32,5 @@ class ArrivalClock(grpc.aio.ServerInterceptor):
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
         self.last_arrival = time.monotonic()
+        ARRIVED.set(self.last_arrival)
         return await continuation(details)

@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.api.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, RETRY_AFTER_S
+from nmt_serve.server.api.http_status import HTTP_STATUS, OTHER_STATUS, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, RETRY_AFTER_S, UNSUPPORTED_MEDIA_TYPE
 
 # proto3 JSON: 64-bit integers travel as strings, the others as JSON numbers.
 SCALARS = {
@@ -23,6 +23,7 @@ SCALARS = {
     FieldDescriptor.TYPE_BYTES: {"type": "string", "format": "byte"},
 }  # fmt: skip
 ERROR = "Error"
+TIMEOUT_HEADER = "Request-Timeout"  # seconds; the HTTP counterpart of a gRPC deadline (none: the server's default)
 # path -> (method, summary, request message or None, response message, SSE?)
 ENDPOINTS: dict[str, tuple[str, str, Descriptor | None, Descriptor, bool]] = {
     "/v1/translate": ("post", "Translate a batch of German texts (the Translate RPC)", pb.TranslateRequest.DESCRIPTOR,
@@ -61,7 +62,7 @@ def enum_schema(enum: EnumDescriptor, schemas: dict[str, Any]) -> None:
 def error_schema() -> dict[str, Any]:
     return {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["code", "message"],
-        "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE} or {REQUEST_TIMEOUT}",
+        "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE}, {REQUEST_TIMEOUT} or {UNSUPPORTED_MEDIA_TYPE}",
                                 "example": "INVALID_ARGUMENT"},
                        "message": {"type": "string", "description": "what was wrong, naming the field and its limit"}}}}}  # fmt: skip
 
@@ -90,9 +91,12 @@ def operation(summary: str, request: Descriptor | None, response: Descriptor, ss
                               "security": [{"bearer": []}], "responses": {"200": ok, **error_responses()}}
     if request is not None:
         result["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request.name}"}}}}
+    result["parameters"] = [{"name": TIMEOUT_HEADER, "in": "header", "required": False, "schema": {"type": "number", "exclusiveMinimum": 0},
+                             "description": "the call's deadline in seconds, from its arrival (a gRPC deadline's twin); without it the "
+                                            "server's --default-deadline-s, and never more than its --max-deadline-s"}]  # fmt: skip
     if "{name}" in path:
-        result["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
-                                 "description": "a served model's name (GET /v1/models)"}]  # fmt: skip
+        result["parameters"].append({"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
+                                     "description": "a served model's name (GET /v1/models)"})  # fmt: skip
     return result
 
 

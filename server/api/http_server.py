@@ -50,8 +50,10 @@ class HttpServer:
         # No lingering: a body left unread (one refused for its size) is not read and thrown away, its connection is
         # closed once the answer is out.
         # An idle keep-alive connection is closed after KEEPALIVE_S (aiohttp's own default is about an hour).
+        # No decoding by aiohttp: server/api/http_body.py undoes a body's Content-Encoding itself, bounded, with a JSON error
+        # for one it does not take.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
-                                     shutdown_timeout=min(settings.grace_s, STOP_WAIT_S))  # fmt: skip
+                                     shutdown_timeout=min(settings.grace_s, STOP_WAIT_S), auto_decompress=False)  # fmt: skip
 
     async def start(self) -> int:
         """Listens on --http-host:--http-port; returns the bound port."""

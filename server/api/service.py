@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.api.arrivals import ARRIVED
 from nmt_serve.server.api.status import NotReady, status_for
 from nmt_serve.server.engine.scheduler import Rejected
 from nmt_serve.server.models.metrics import UNATTRIBUTED, Metrics
@@ -31,8 +32,8 @@ QUEUED_METHODS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Translate
 class Unparsable:
     """Stands for a request grpcio could not parse (say, invalid UTF-8 in a string), so we can answer INVALID_ARGUMENT."""
 
-    def __init__(self, message_type: str, error: Exception) -> None:
-        self.detail = f"request is not a valid {message_type}: {error} (string fields must be valid UTF-8)"
+    def __init__(self, message_type: str, problem: str) -> None:
+        self.detail = f"request is not a valid {message_type}: {problem}"
 
 
 def lenient(message_class: Any) -> Callable[[bytes], Any]:
@@ -40,7 +41,7 @@ def lenient(message_class: Any) -> Callable[[bytes], Any]:
         try:
             return message_class.FromString(data)
         except DecodeError as error:
-            return Unparsable(message_class.DESCRIPTOR.name, error)
+            return Unparsable(message_class.DESCRIPTOR.name, f"{error} (string fields must be valid UTF-8)")
 
     return parse
 
@@ -156,9 +157,13 @@ class TranslationService:
         return model
 
     def _deadline(self, context: grpc.aio.ServicerContext) -> float:
-        """The engine's monotonic deadline: the client's, or the server default when it sets none; never past the server maximum."""
-        remaining = context.time_remaining()
-        return time.monotonic() + min(self.settings.default_deadline_s if remaining is None else remaining, self.settings.max_deadline_s)
+        """The engine's monotonic deadline: the client's, or the server default when it sets none; never past the server
+        maximum, counted from the call's arrival (its request's read took part of it)."""
+        now, remaining = time.monotonic(), context.time_remaining()
+        arrived = ARRIVED.get()
+        arrived = now if arrived is None else arrived
+        chosen = arrived + self.settings.default_deadline_s if remaining is None else now + remaining
+        return min(chosen, arrived + self.settings.max_deadline_s)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Handlers with lenient request parsing (see Unparsable); responses serialise as usual."""
