@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from grpc_health.v1 import health
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.api.arrivals import ARRIVED
 from nmt_serve.server.api.service import SERVICE_NAME
 from tests.raw_http2 import DATA, END_HEADERS, END_STREAM, HEADERS, call, frame, grpc_message, request_headers
 from tests.serving import RunningServer, server_settings
@@ -75,3 +77,41 @@ def test_unknown_compression_is_answered_by_grpc_core_before_nmt_serve_can(bound
     channel, stub = bounded.stub()
     with channel:
         assert stub.Translate(pb.TranslateRequest(texts=["Hallo"]), timeout=30).translations
+
+
+def test_request_deadline_a_unary_call_with_two_messages_is_invalid_argument(bounded: RunningServer) -> None:
+    one = grpc_message(pb.TranslateRequest(texts=["Hallo"]).SerializeToString())
+    ending = call(bounded.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(TRANSLATE)), frame(DATA, END_STREAM, 1, one + one),
+                  wait_s=WAIT_S)  # fmt: skip
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.INVALID_ARGUMENT.value[0], ending
+    assert b"a unary call carries one request message; a second one arrived" in ending.trailers
+
+
+def test_request_deadline_a_call_arriving_after_its_deadline_is_told_so(bounded: RunningServer) -> None:
+    """grpc-timeout of 1 ns: the deadline has passed by the time the handler reads."""
+    ending = call(bounded.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(TRANSLATE, ("grpc-timeout", "1n"))), wait_s=WAIT_S)
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], ending
+    assert b"within 0 s" not in ending.trailers
+
+
+def test_service_deadline_is_counted_from_the_call_arrival(bounded: RunningServer) -> None:
+    """A call whose message took most of --max-deadline-s to arrive has only the rest of it left to decode."""
+    settings = bounded.server.settings
+    arrived = time.monotonic() - 0.75 * settings.max_deadline_s
+    token = ARRIVED.set(arrived)
+    try:
+        for remaining in (None, 10 * settings.max_deadline_s):
+            deadline = bounded.server.service._deadline(FixedRemaining(remaining))  # type: ignore[arg-type]
+            assert deadline <= arrived + settings.max_deadline_s, remaining
+    finally:
+        ARRIVED.reset(token)
+
+
+class FixedRemaining:
+    """The one thing the servicer's deadline asks of a context."""
+
+    def __init__(self, remaining_s: float | None) -> None:
+        self.remaining_s = remaining_s
+
+    def time_remaining(self) -> float | None:
+        return self.remaining_s

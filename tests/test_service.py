@@ -359,6 +359,8 @@ def test_service_bearer_token_is_required_when_configured(tiny_model_dir: Path) 
             assert code_of(stub.TranslateStream, stream, timeout=10)[0] is grpc.StatusCode.UNAUTHENTICATED
             right = (("authorization", "Bearer s3cret"),)
             assert stub.Translate(texts_request("Hund"), timeout=30, metadata=right).translations
+            for twice in (right + wrong, wrong + right):  # two entries: refused whichever comes last
+                assert code_of(stub.Translate, texts_request("Hund"), timeout=10, metadata=twice)[0] is grpc.StatusCode.UNAUTHENTICATED
             # Health stays open to probes that carry no token.
             assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
 

@@ -36,9 +36,10 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         if details.method.startswith(OPEN_SERVICES):
             return await continuation(details)
-        given = dict(details.invocation_metadata or ()).get("authorization", "")
-        given_bytes = given.encode() if isinstance(given, str) else given
-        if self.accepts(given_bytes):
+        # Exactly one authorization entry, carrying the token: with two, which one counts would be a guess (the HTTP
+        # port refuses two Authorization headers alike).
+        given = [value for key, value in details.invocation_metadata or () if key == "authorization"]
+        if len(given) == 1 and self.accepts(given[0].encode("utf-8", "surrogateescape") if isinstance(given[0], str) else given[0]):
             return await continuation(details)
         handler = await continuation(details)
         if handler is None:

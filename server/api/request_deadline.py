@@ -60,27 +60,43 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
     def _reader(self, method: str, started: float) -> Callable[[grpc.aio.ServicerContext], Awaitable[Any]]:
         async def read(context: grpc.aio.ServicerContext) -> Any:
             remaining = context.time_remaining()
-            wait_s = self.max_wait_s if remaining is None else min(remaining, self.max_wait_s)
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read as a task of its own, one more
-                # task per call on the event loop that takes every call in.
-                async with asyncio.timeout(wait_s):
-                    request = await context.read()
-            except asyncio.CancelledError:
-                # The client cancelled, or grpc core ended the call itself before its message (an unknown
-                # grpc-encoding: core answers INTERNAL, and cancels the handler): CANCELLED is what the server saw.
-                if self._on_failed is not None:
-                    self._on_failed(method, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
-                raise
-            except TimeoutError:
+            # From the call's arrival: the wait for the message is part of the call's one maximum.
+            wait_s = self.max_wait_s - (time.perf_counter() - started)
+            wait_s = wait_s if remaining is None else min(remaining, wait_s)
+            if wait_s <= 0:
                 await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 f"the request message did not arrive within {wait_s:.3g} s")  # fmt: skip
+                                 "the call's deadline had passed before its request message was read")  # fmt: skip
+            read_by = time.perf_counter() + wait_s
+            request = await self._next(context, method, started, wait_s, "the request message did not arrive")
             if request is grpc.aio.EOF:
                 await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
                                  "the request stream ended before a whole request message (cut short, or none sent)")  # fmt: skip
+            # A unary call carries one message: a second one is refused rather than dropped unread. (Bytes after the
+            # message that do not make a whole one end the stream as a cut-short message would: grpc core drops them.)
+            end = await self._next(context, method, started, max(read_by - time.perf_counter(), 0.001), "the request stream did not end after its message")
+            if end is not grpc.aio.EOF:
+                await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
+                                 "a unary call carries one request message; a second one arrived")  # fmt: skip
             return request
 
         return read
+
+    async def _next(self, context: grpc.aio.ServicerContext, method: str, started: float, wait_s: float, late: str) -> Any:
+        """The next message, or EOF; DEADLINE_EXCEEDED ("`late` within `wait_s`") when neither has come in time."""
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read as a task of its own, one more
+            # task per call on the event loop that takes every call in.
+            async with asyncio.timeout(wait_s):
+                return await context.read()
+        except asyncio.CancelledError:
+            # The client cancelled, or grpc core ended the call itself before its message (an unknown
+            # grpc-encoding: core answers INTERNAL, and cancels the handler): CANCELLED is what the server saw.
+            if self._on_failed is not None:
+                self._on_failed(method, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
+            raise
+        except TimeoutError:
+            await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"{late} within {wait_s:.3g} s")  # fmt: skip
 
     async def _fail(self, context: grpc.aio.ServicerContext, method: str, started: float, code: grpc.StatusCode, message: str) -> None:
         if self._on_failed is not None:
