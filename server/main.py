@@ -22,6 +22,7 @@ from nmt_serve.server.api.admission import EarlyAdmission
 from nmt_serve.server.api.arrivals import ArrivalClock
 from nmt_serve.server.api.auth import BearerTokenInterceptor
 from nmt_serve.server.api.drain import stop_accepting
+from nmt_serve.server.api.fault_logs import quiet_transport_faults
 from nmt_serve.server.api.http_server import HttpServer
 from nmt_serve.server.api.reflection import add_reflection
 from nmt_serve.server.api.request_deadline import RequestDeadline
@@ -49,6 +50,7 @@ class Server:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        quiet_transport_faults()
         providers = tuple(p for p in settings.providers.split(",") if p) or tuple(available_providers())
         plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores(), settings.max_rows)
         self.metrics = Metrics(AccessLog() if settings.access_log else None)

@@ -3,8 +3,10 @@ and CORS; each gets a 4xx with the JSON error body and is counted once with the 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
+import logging
 import socket
 import zlib
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nmt_serve.server.api.fault_logs import LOGGERS, OneLineFaults, quiet_transport_faults
 from nmt_serve.server.api.http_status import PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE
 from tests.serving import RunningServer, scrape, scrape_until, total
 from tests.test_http import GERMAN, call, http_settings
@@ -192,3 +195,46 @@ def test_http_allowed_hosts_and_cors_origin_flags(tiny_model_dir: Path) -> None:
         assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://page.example"
         assert call(server, "OPTIONS", "/v1/translate", headers={**origin, "Origin": "https://other.example"})[0] == 403
         assert "Access-Control-Allow-Origin" not in call(server, "POST", "/v1/translate", BODY, {"Origin": "https://other.example"})[1]
+
+
+# ---------------------------------------------------------------- logging
+
+
+@pytest.fixture()
+def fresh_fault_filters() -> None:
+    """The filters' rate limit starts anew: an earlier test's faults do not hold back this one's first line."""
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        for existing in [item for item in logger.filters if isinstance(item, OneLineFaults)]:
+            logger.removeFilter(existing)
+    quiet_transport_faults()
+
+
+def test_http_malformed_requests_log_one_warning_line_without_a_traceback(running: RunningServer, caplog: pytest.LogCaptureFixture,
+                                                                          fresh_fault_filters: None) -> None:  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="aiohttp.server"):
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", running.server.http.port), timeout=10) as sock:
+                sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n")
+                assert sock.recv(65536).startswith(b"HTTP/1.0 400")
+    records = [record for record in caplog.records if record.name == "aiohttp.server"]
+    assert [(record.levelname, record.exc_info) for record in records] == [("WARNING", None)]
+    assert "Error handling request" in records[0].getMessage() and "BadHttpMessage" in records[0].getMessage()
+
+
+def test_grpc_stream_cut_off_logs_one_warning_line(caplog: pytest.LogCaptureFixture, fresh_fault_filters: None) -> None:
+    """What grpcio logs for each stream the drain cuts off at the end of the grace period, and a servicer's real error."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        for _ in range(5):
+            try:
+                raise asyncio.CancelledError()
+            except asyncio.CancelledError:
+                logger.exception("Exception not handled by _handle_exceptions in servicer method [%s]", "/x/TranslateStream")
+        try:
+            raise KeyError("a bug")
+        except KeyError:
+            logger.exception("Unexpected error in servicer method")
+    levels = [(record.levelname, record.exc_info is not None) for record in caplog.records]
+    assert levels == [("WARNING", False), ("ERROR", True)]
+    assert caplog.records[0].getMessage() == "Exception not handled by _handle_exceptions in servicer method [/x/TranslateStream]: CancelledError"
