@@ -191,18 +191,21 @@ class Server:
         # Refusals are held meanwhile and answered together just before the stop (server/api/admission.py): clients that
         # back off after an UNAVAILABLE are then all backing off. Six SIGTERMs under 16 clients backing off 0.1 s
         # gave CANCELLED in 1 of 6 without the hold (bench/results/load.md).
+        cut_off = self.service.calls_running if loop.time() >= deadline else 0
+        if cut_off:
+            self.metrics.cut_off.inc(cut_off)
+            logger.warning("grace period of %.3g s over: %d call(s) still running cut off", self.settings.grace_s, cut_off)
+        # The HTTP server stops first (its calls were refused with 503 since the scheduler began draining, like gRPC's):
+        # its stop can take up to a second, which must not fall between the release of the held refusals and the gRPC
+        # server's stop, where clients backing off after them would come back and meet the stop.
+        if self.http is not None:
+            await self.http.stop()
         quiet_until = min(deadline, loop.time() + DRAIN_QUIET_MAX_S)
         self.admission.hold()
         while self.arrivals.quiet_for() < DRAIN_QUIET_S and loop.time() < quiet_until:
             await asyncio.sleep(DRAIN_QUIET_S / 5)
         await self.admission.release()
         logger.info("stopping the gRPC server; last call arrived %.3f s ago", self.arrivals.quiet_for())
-        cut_off = self.service.calls_running if loop.time() >= deadline else 0
-        if cut_off:
-            self.metrics.cut_off.inc(cut_off)
-            logger.warning("grace period of %.3g s over: %d call(s) still running cut off", self.settings.grace_s, cut_off)
-        if self.http is not None:
-            await self.http.stop()  # its calls were refused with 503 since the scheduler began draining, like gRPC's
         await server.stop(max(0.0, deadline - loop.time()))
         self.scheduler.stop()
         self._stop_metrics()

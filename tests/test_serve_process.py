@@ -226,3 +226,34 @@ def test_serve_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) 
         credentials = grpc.ssl_channel_credentials(cert.read_bytes())
         with grpc.secure_channel(server.target, credentials) as secure:
             assert pb_grpc.TranslationServiceStub(secure).Translate(request, timeout=30).translations
+
+
+def test_serve_drain_stops_grpc_right_after_releasing_the_held_refusals(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients backing off 0.1 s after the released refusals must find the port closed, not a server stopping: the HTTP
+    server's stop (up to a second with calls still writing) comes before the hold, not between release and stop."""
+    from grpc.aio._server import Server as AioServer
+
+    events: list[str] = []
+    grpc_stop = AioServer.stop
+
+    async def recorded_grpc_stop(self, grace):  # type: ignore[no-untyped-def]
+        events.append("grpc stop")
+        return await grpc_stop(self, grace)
+
+    monkeypatch.setattr(AioServer, "stop", recorded_grpc_stop)
+    with RunningServer(server_settings(tiny_model_dir, http_port=free_port())) as running:
+        http_stop, release = running.server.http.stop, running.server.admission.release
+
+        async def recorded_http_stop() -> None:
+            events.append("http stop")
+            await http_stop()
+
+        async def recorded_release(*args, **kwargs):  # type: ignore[no-untyped-def]
+            events.append("release")
+            await release(*args, **kwargs)
+
+        running.server.http.stop = recorded_http_stop  # type: ignore[method-assign]
+        running.server.admission.release = recorded_release  # type: ignore[method-assign]
+        running.server.request_stop()
+        assert wait_for(lambda: not running.is_running(), 20)
+    assert events == ["http stop", "release", "grpc stop"]
