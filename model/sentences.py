@@ -102,31 +102,25 @@ def _add(spans: list[tuple[int, int]], text: str, start: int, end: int) -> None:
 def _blocks(text: str) -> Iterator[tuple[int, int]]:
     """Runs of lines that may hold one sentence across a line break (a wrapped line); see the module rules.
 
-    Each line is compared with the line before it only, so the work is linear in the text: a block of
-    wrapped lines is never reread as it grows."""
+    Each line is looked at once, and compared with the line before it only, so the work is linear in the
+    text: a block of wrapped lines is never reread as it grows."""
     block: tuple[int, int] | None = None
-    start, previous = 0, ""
+    start, stands_alone, ends_sentence = 0, True, True  # the line before: blank or a list item; ends a sentence
     for line in text.splitlines(keepends=True):
         end = start + len(line)
-        if block is not None and not _starts_new_block(previous, line):
+        blank = not line.strip()
+        bullet = not blank and BULLET.match(line) is not None
+        # A blank line or a list item, at or before this line, or a sentence end before it: a new block.
+        if block is not None and not (blank or bullet or stands_alone or ends_sentence):
             block = (block[0], end)
         else:
             if block is not None:
                 yield block
             block = (start, end)
-        start, previous = end, line
+        start, stands_alone = end, blank or bullet
+        ends_sentence = not stands_alone and LINE_END.search(line) is not None
     if block is not None:
         yield block
-
-
-def _starts_new_block(last_line: str, line: str) -> bool:
-    """Whether `line` starts a block of its own after `last_line` (a blank line stands alone, so the line
-    before is always the last of its block)."""
-    if not line.strip() or not last_line.strip():
-        return True  # a blank line before or at this line: a paragraph break
-    if BULLET.match(line) or BULLET.match(last_line):
-        return True  # list items stand alone
-    return bool(LINE_END.search(last_line))
 
 
 def _boundaries(text: str, start: int, end: int) -> Iterator[int]:

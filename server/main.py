@@ -32,6 +32,7 @@ from nmt_serve.server.engine.workers import available_cores, plan_workers
 from nmt_serve.server.models.access_log import AccessLog
 from nmt_serve.server.models.log_format import configure_logging
 from nmt_serve.server.models.metrics import Metrics
+from nmt_serve.server.models.preparation import share_the_gil
 from nmt_serve.server.models.registry import HostCheckRefused, ModelSetError, load_models
 from nmt_serve.server.settings import ServerSettings, parse_settings
 from nmt_serve.server.startup import USAGE_ERROR, StartupError, check_model_dirs, check_ports, listen_error, probe
@@ -51,6 +52,7 @@ class Server:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         quiet_transport_faults()
+        share_the_gil()  # the event loop gets the GIL back within 1 ms from request preparation (server/models/preparation.py)
         providers = tuple(p for p in settings.providers.split(",") if p) or tuple(available_providers())
         plan = plan_workers(settings.engines, settings.threads, providers[0] == "CUDAExecutionProvider", available_cores(), settings.max_rows)
         self.metrics = Metrics(AccessLog() if settings.access_log else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import http.client
+import sys
 import threading
 from pathlib import Path
 
@@ -46,3 +47,9 @@ def test_preparation_of_a_large_request_leaves_health_answering(tiny_model_dir: 
                 release.set()
             assert check.status == health_pb2.HealthCheckResponse.SERVING and live == 200
             assert len(answer.result().translations) == 8
+
+
+def test_preparation_thread_hands_the_gil_back_within_a_millisecond(tiny_model_dir: Path) -> None:
+    """The event loop waits at most the interpreter's switch interval for the GIL while a large request is prepared."""
+    with RunningServer(server_settings(tiny_model_dir)):
+        assert sys.getswitchinterval() <= preparation.GIL_SWITCH_S
