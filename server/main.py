@@ -86,7 +86,8 @@ class Server:
 
     def _build(self) -> grpc.aio.Server:
         settings = self.settings
-        # The request deadline comes before the token check, so that refused calls too read their request under it.
+        # The token check's refusals read no request (server/api/auth.py); the calls it lets through read theirs under
+        # the request deadline.
         interceptors: list[grpc.aio.ServerInterceptor] = [self.arrivals, RequestDeadline(settings.max_deadline_s, self.metrics.answered)]
         interceptors.insert(1, self.admission)
         interceptors.insert(0, RequestIds())  # first: the refusals of the others carry the call's request id too

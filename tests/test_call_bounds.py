@@ -115,3 +115,12 @@ class FixedRemaining:
 
     def time_remaining(self) -> float | None:
         return self.remaining_s
+
+
+def test_request_deadline_a_call_without_its_token_is_refused_without_its_message(tiny_model_dir: Path) -> None:
+    """Headers without a token and no message: refused at once, not after waiting for a message it will never use."""
+    settings = server_settings(tiny_model_dir, default_deadline_s=1.0, max_deadline_s=MAX_DEADLINE_S, auth_token="s3cret")
+    with RunningServer(settings) as server:
+        for path in (TRANSLATE, STREAM):
+            ending = call(server.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(path)), wait_s=WAIT_S)
+            assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.UNAUTHENTICATED.value[0], ending

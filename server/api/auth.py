@@ -46,17 +46,17 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return None  # unknown method: grpcio answers UNIMPLEMENTED
         started, method = time.perf_counter(), details.method.rsplit("/", 1)[-1]
 
-        async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
+        async def refuse(_: object, context: grpc.aio.ServicerContext) -> None:
             if self._on_refused is not None:
                 self._on_refused(method, time.perf_counter() - started)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
 
-        if handler.unary_stream:
+        # Request-streaming handlers that never read: the message is left unread, so a refusal costs no read and
+        # waits for no message (the request deadline passes such handlers by), as the early admission's refusals.
+        if handler.response_streaming:
             async def refuse_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
                 await refuse(request, context)
                 yield  # pragma: no cover - abort raises first
 
-            return grpc.unary_stream_rpc_method_handler(refuse_stream, request_deserializer=handler.request_deserializer,
-                                                        response_serializer=handler.response_serializer)  # fmt: skip
-        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)  # fmt: skip
+            return grpc.stream_stream_rpc_method_handler(refuse_stream, response_serializer=handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(refuse, response_serializer=handler.response_serializer)

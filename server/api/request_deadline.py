@@ -33,31 +33,47 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_streaming:
             return handler  # streaming requests are read by their own handler, message by message
         method, started = details.method.rsplit("/", 1)[-1], time.perf_counter()
-        read = self._reader(method, started)
+        read, ended = self._reader(method, started)
+
+        async def whole_request(context: grpc.aio.ServicerContext) -> Any:
+            request = await read(context)
+            await ended(context)  # before the handler: the call is answered, and counted, once
+            return request
+
         if handler.unary_unary is not None:
             unary = handler.unary_unary
 
             async def unary_response(_: object, context: grpc.aio.ServicerContext) -> Any:
-                return await unary(await read(context), context)
+                return await unary(await whole_request(context), context)
 
             return grpc.stream_unary_rpc_method_handler(unary_response, request_deserializer=handler.request_deserializer,
                                                         response_serializer=handler.response_serializer)  # fmt: skip
         streaming = handler.unary_stream
         if inspect.isasyncgenfunction(streaming):
             async def stream_response(_: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                async for response in streaming(await read(context), context):
-                    yield response
+                responses = streaming(await whole_request(context), context)
+                try:
+                    async for response in responses:
+                        yield response
+                finally:
+                    # Closed now, not whenever the collector finds it: a stream the client left ends (and is counted) at once.
+                    await responses.aclose()
 
             behaviour: Callable[..., Any] = stream_response
         else:  # a coroutine that writes through context.write (grpc_health's Watch)
             async def written_response(_: object, context: grpc.aio.ServicerContext) -> None:
-                await streaming(await read(context), context)
+                await streaming(await whole_request(context), context)
 
             behaviour = written_response
         return grpc.stream_stream_rpc_method_handler(behaviour, request_deserializer=handler.request_deserializer,
                                                      response_serializer=handler.response_serializer)  # fmt: skip
 
-    def _reader(self, method: str, started: float) -> Callable[[grpc.aio.ServicerContext], Awaitable[Any]]:
+    def _reader(self, method: str, started: float) -> tuple[Callable[[grpc.aio.ServicerContext], Awaitable[Any]],
+                                                             Callable[[grpc.aio.ServicerContext], Awaitable[None]]]:  # fmt: skip
+        """`read`: the request message, within the call's time; `ended`: the stream ends after it (a unary call carries
+        one message: a second one is refused rather than dropped unread)."""
+        read_by = [0.0]
+
         async def read(context: grpc.aio.ServicerContext) -> Any:
             remaining = context.time_remaining()
             # From the call's arrival: the wait for the message is part of the call's one maximum.
@@ -66,20 +82,22 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             if wait_s <= 0:
                 await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
                                  "the call's deadline had passed before its request message was read")  # fmt: skip
-            read_by = time.perf_counter() + wait_s
+            read_by[0] = time.perf_counter() + wait_s
             request = await self._next(context, method, started, wait_s, "the request message did not arrive")
             if request is grpc.aio.EOF:
                 await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
                                  "the request stream ended before a whole request message (cut short, or none sent)")  # fmt: skip
-            # A unary call carries one message: a second one is refused rather than dropped unread. (Bytes after the
-            # message that do not make a whole one end the stream as a cut-short message would: grpc core drops them.)
-            end = await self._next(context, method, started, max(read_by - time.perf_counter(), 0.001), "the request stream did not end after its message")
-            if end is not grpc.aio.EOF:
-                await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
-                                 "a unary call carries one request message; a second one arrived")  # fmt: skip
             return request
 
-        return read
+        async def ended(context: grpc.aio.ServicerContext) -> None:
+            # Bytes after the message that do not make a whole one end the stream as a cut-short message would:
+            # grpc core drops them, and this sees the end.
+            wait_s = max(read_by[0] - time.perf_counter(), 0.001)
+            if await self._next(context, method, started, wait_s, "the request stream did not end after its message") is not grpc.aio.EOF:
+                await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
+                                 "a unary call carries one request message; a second one arrived")  # fmt: skip
+
+        return read, ended
 
     async def _next(self, context: grpc.aio.ServicerContext, method: str, started: float, wait_s: float, late: str) -> Any:
         """The next message, or EOF; DEADLINE_EXCEEDED ("`late` within `wait_s`") when neither has come in time."""

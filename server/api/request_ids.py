@@ -52,12 +52,15 @@ def echoing(handler: grpc.RpcMethodHandler, call_id: str) -> grpc.RpcMethodHandl
     if inspect.isasyncgenfunction(behaviour):
         async def responses(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             context.set_trailing_metadata(metadata)
-            first = True
-            async for response in behaviour(request, context):
-                if first:
-                    await context.send_initial_metadata(metadata)
-                    first = False
-                yield response
+            first, responses = True, behaviour(request, context)
+            try:
+                async for response in responses:
+                    if first:
+                        await context.send_initial_metadata(metadata)
+                        first = False
+                    yield response
+            finally:
+                await responses.aclose()  # a stream the client left ends, and is counted, at once
 
         echoed: Callable[..., Any] = responses
     else:  # a coroutine: one response returned (sent after it returns), or responses written through context.write
