@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from nmt_serve.server.api.error_details import abort
 from nmt_serve.server.api.status import status_for
 from nmt_serve.server.engine.scheduler import Scheduler
 from nmt_serve.server.models.metrics import Metrics
@@ -55,12 +56,12 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
         release = self._release if self.holding else None
         if release is None:
-            await context.abort(code, message)
+            await abort(context, code, message)
         self._held += 1
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(release.wait(), self.max_hold_s)
-            await context.abort(code, message)
+            await abort(context, code, message)
         finally:
             self._held -= 1
 

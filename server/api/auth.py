@@ -10,6 +10,8 @@ import grpc
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
+from nmt_serve.server.api.error_details import abort
+
 # Load balancers and orchestrators probe health without credentials; reflection only describes the API.
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # served beside v1alpha (server/api/reflection.py)
 OPEN_SERVICES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/", f"/{REFLECTION_V1}/")
@@ -49,7 +51,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         async def refuse(_: object, context: grpc.aio.ServicerContext) -> None:
             if self._on_refused is not None:
                 self._on_refused(method, time.perf_counter() - started)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+            await abort(context, grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
 
         # Request-streaming handlers that never read: the message is left unread, so a refusal costs no read and
         # waits for no message (the request deadline passes such handlers by), as the early admission's refusals.

@@ -22,7 +22,7 @@ from nmt_serve.server.api.auth import HTTP_REFUSAL, BearerTokenInterceptor
 from nmt_serve.server.api.http_body import check_headers, parse_body, read_body
 from nmt_serve.server.api.http_origin import OriginPolicy
 from nmt_serve.server.api.http_schema import TIMEOUT_HEADER
-from nmt_serve.server.api.http_status import COUNTED_AS, HttpAbort, error_body, error_headers, http_status
+from nmt_serve.server.api.http_status import COUNTED_AS, HttpAbort, error_body, error_headers, error_object, http_status
 from nmt_serve.server.api.service import SERVICE_NAME, TranslationService, Unparsable
 from nmt_serve.server.models.metrics import TRANSPORT, TRANSPORTS, Metrics
 from nmt_serve.server.settings import ServerSettings
@@ -45,7 +45,11 @@ class HttpContext:
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: tuple = ()) -> None:
+        # The body carries the status's details (error_body); the trailer is gRPC's way of sending them.
         raise HttpAbort(code.name, details, counted=True)  # the servicer counts every call it answers
 
 
@@ -174,7 +178,7 @@ class HttpApi:
                 async for reply in stream:
                     await response.write(event(to_json(reply)))
             except HttpAbort as error:
-                await response.write(event({"error": {"code": error.code, "message": error.message}}, "error"))
+                await response.write(event({"error": error_object(error.code, error.message)}, "error"))
             await response.write_eof()
             return response
         finally:

@@ -64,7 +64,11 @@ def error_schema() -> dict[str, Any]:
         "type": "object", "required": ["code", "message"],
         "properties": {"code": {"type": "string", "description": f"the gRPC status code's name, or {PAYLOAD_TOO_LARGE}, {REQUEST_TIMEOUT} or {UNSUPPORTED_MEDIA_TYPE}",
                                 "example": "INVALID_ARGUMENT"},
-                       "message": {"type": "string", "description": "what was wrong, naming the field and its limit"}}}}}  # fmt: skip
+                       "message": {"type": "string", "description": "what was wrong, naming the field and its limit"},
+                       "details": {"type": "array", "description": "google.rpc details in proto3 JSON: a google.rpc.BadRequest with "
+                                   "fieldViolations for INVALID_ARGUMENT, a google.rpc.RetryInfo with retryDelay for a status worth "
+                                   "retrying", "items": {"type": "object", "required": ["@type"],
+                                                         "properties": {"@type": {"type": "string"}}, "additionalProperties": True}}}}}}  # fmt: skip
 
 
 def error_responses() -> dict[str, Any]:

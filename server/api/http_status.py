@@ -6,6 +6,8 @@ import json
 
 import grpc
 
+from nmt_serve.server.api.error_details import RETRY_DELAY_S, details_json
+
 # Every status the service answers maps to one HTTP status; one not listed is 500. Three answers are the HTTP transport's
 # own, with codes of their own: a request body over the limit (grpcio answers RESOURCE_EXHAUSTED to that message) is
 # PAYLOAD_TOO_LARGE, a body that has not arrived within the call's deadline (the gRPC port's DEADLINE_EXCEEDED
@@ -32,9 +34,8 @@ HTTP_STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED.name: 504,
 }
 OTHER_STATUS = 500
-# Statuses a client should retry later, and after how long (seconds): a full queue drains within a few steps,
-# a draining or warming server is replaced by its balancer within about a second.
-RETRY_AFTER_S = {429: 1, 503: 1}
+# Statuses a client should retry later, and after how long (seconds): the delay the gRPC status's RetryInfo gives.
+RETRY_AFTER_S = {HTTP_STATUS[code]: delay for code, delay in RETRY_DELAY_S.items()}
 
 
 class HttpAbort(Exception):
@@ -53,9 +54,14 @@ def http_status(code: str) -> int:
     return HTTP_STATUS.get(code, OTHER_STATUS)
 
 
+def error_object(code: str, message: str) -> dict:
+    """{"code": ..., "message": ..., "details": [...]}: the gRPC code's name, so that a client handles both transports
+    alike, and the google.rpc details the gRPC status carries, in their proto3 JSON form (server/api/error_details.py)."""
+    return {"code": code, "message": message, "details": details_json(code, message)}
+
+
 def error_body(code: str, message: str) -> bytes:
-    """{"error": {"code": ..., "message": ...}}: the gRPC code's name, so that a client handles both transports alike."""
-    return json.dumps({"error": {"code": code, "message": message}}).encode()
+    return json.dumps({"error": error_object(code, message)}).encode()
 
 
 def error_headers(status: int) -> dict[str, str]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import grpc
 
+from nmt_serve.server.api.error_details import abort
+
 
 class RequestDeadline(grpc.aio.ServerInterceptor):
     """`max_wait_s` bounds the wait for the request (the client's deadline when shorter); `on_failed(method, code, seconds)`
@@ -119,4 +121,4 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
     async def _fail(self, context: grpc.aio.ServicerContext, method: str, started: float, code: grpc.StatusCode, message: str) -> None:
         if self._on_failed is not None:
             self._on_failed(method, code.name, time.perf_counter() - started)
-        await context.abort(code, message)
+        await abort(context, code, message)

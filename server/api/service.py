@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.arrivals import ARRIVED
+from nmt_serve.server.api.error_details import abort
 from nmt_serve.server.api.status import NotReady, status_for
 from nmt_serve.server.engine.scheduler import Rejected
 from nmt_serve.server.models.metrics import UNATTRIBUTED, Metrics
@@ -89,7 +90,7 @@ class TranslationService:
             raise
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
             code, message = self._status(error, call)
-            await context.abort(code, message)
+            await abort(context, code, message)
         finally:
             self.calls_running -= 1
             self._answered("TranslateStream", code, started, call, 1 if isinstance(request, pb.TranslateStreamRequest) else None)
@@ -117,13 +118,13 @@ class TranslationService:
             return await work
         except ExceptionGroup as group:  # from the TaskGroup: answer with the first failure
             code, message = self._status(group.exceptions[0], call)
-            await context.abort(code, message)
+            await abort(context, code, message)
         except asyncio.CancelledError:
             code = self._cancel_code(context)
             raise  # the client went away or its deadline passed: grpcio reports that itself
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
             code, message = self._status(error, call)
-            await context.abort(code, message)
+            await abort(context, code, message)
         finally:
             self._answered(method, code, started, call, texts)
 
