@@ -82,6 +82,8 @@ class ServerSettings:
     # At start, this host's log-probs of the model dir's self_check.json against the exporting host's
     # (runtime/self_check.py): refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip.
     self_check: str = "refuse"
+    # The translation cache's budget in MiB, shared by the served models (server/models/translation_cache.py); 0 = off.
+    cache_mb: int = 64
     access_log: int = 1  # 1 = one INFO line per finished call on the logger nmt_serve.access (never a text); 0 = none
 
     @property
@@ -96,7 +98,7 @@ class ServerSettings:
                      "max_queued_requests", "max_queued_tokens", "max_cache_tokens", "join_group"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{flag_name(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_rows", "join_wait_steps", "engines", "threads"):
+        for name in ("max_rows", "join_wait_steps", "engines", "threads", "cache_mb"):
             if getattr(self, name) < 0:
                 problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.worker_niceness <= 19:
@@ -159,6 +161,8 @@ MEANINGS = {
                   "nmt_serve.access; 0 = none",
     "log_format": "text = 'time level logger: message' lines; json = one JSON object per line (time, level, logger, message, "
                   "and the request's fields: request_id, and method, model, code, seconds, texts, transport on access lines)",
+    "cache_mb": "the translation cache's budget in MiB, shared by the models: each sentence's answer kept under its model, options "
+                "and exact text; used for a model whose self-check found its answers independent of the batch; 0 = off",
     "self_check": "this host's log-probs of the model dir's self_check.json against the exporting host's, at start: "
                   "refuse = exit 1 beyond the precision's bound, warn = serve anyway, off = skip",
 }

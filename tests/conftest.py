@@ -65,6 +65,16 @@ def tiny_model_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path
 
 
 @pytest.fixture(scope="session")
+def int8_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint exported through nmt-export at int8: the default scheme, per-row scales."""
+    from nmt_serve.export.onnx_export import main as export_main
+
+    out = tmp_path_factory.mktemp("onnx-int8-rows")
+    assert export_main([str(tiny_checkpoint), "--out", str(out), "--precision", "int8", "--parity-test", str(tiny_corpus["test"])]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Hugging Face Marian dir (swish, random final_logits_bias, its own SentencePiece models)."""
     pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")

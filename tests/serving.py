@@ -25,10 +25,11 @@ from nmt_serve.server.settings import ServerSettings
 
 
 def server_settings(model_dir: Path, **overrides: object) -> ServerSettings:
-    """Port 0 (any free one), one ORT thread, small limits so that edges are cheap to reach."""
+    """Port 0 (any free one), one ORT thread, small limits so that edges are cheap to reach; no translation cache, so a
+    repeated text reaches the engine again (tests of the cache turn it on)."""
     base = ServerSettings(model_dir=model_dir, port=0, threads=1, max_texts=16, max_chars_per_text=400, max_beam_size=4,
                           max_message_bytes=256 * 1024, max_queued_requests=64, grace_s=5.0, default_deadline_s=20.0,
-                          metrics_port=0, http_port=0)  # fmt: skip
+                          metrics_port=0, http_port=0, cache_mb=0)  # fmt: skip
     return dataclasses.replace(base, **overrides)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from nmt_serve.bench.int8_schemes import build_scheme_dir
-from nmt_serve.export.onnx_export import main as export_main
 from nmt_serve.model.search import Hypothesis, SearchOptions
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.runtime.ort_step import OrtStep
@@ -30,14 +29,6 @@ BEAM3 = SearchOptions(beam_size=3, num_hypotheses=2, min_output_tokens=4, max_ou
 PLAN = [(0, 0, GREEDY), (0, 2, BEAM3), (1, 1, GREEDY), (2, 4, GREEDY), (2, 3, BEAM3), (4, 5, BEAM3), (5, 6, GREEDY)]
 TEXTS = ["Guten Morgen.", "Wo ist der Bahnhof?", "Der Hund schläft im Garten und der Hund schläft im Haus.",
          "Ja", "Ich habe meinen Schlüssel verloren, und jetzt stehe ich vor der Tür.", "1234567890 !!! ???"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def int8_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny checkpoint exported through nmt-export at int8: the default scheme, per-row scales."""
-    out = tmp_path_factory.mktemp("onnx-int8-rows")
-    assert export_main([str(tiny_checkpoint), "--out", str(out), "--precision", "int8", "--parity-test", str(tiny_corpus["test"])]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,13 @@ class Metrics:
                                registry=registry)  # fmt: skip
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).", model,
                                        registry=registry)  # fmt: skip
+        self.cache_hits = Counter("nmt_cache_hits", "Sentences answered from the translation cache.", model, registry=registry)
+        self.cache_misses = Counter("nmt_cache_misses", "Sentences looked up in the translation cache and not found.", model,
+                                    registry=registry)  # fmt: skip
+        self.cache_evictions = Counter("nmt_cache_evictions", "Entries dropped from the translation cache to make room.", model,
+                                       registry=registry)  # fmt: skip
+        self.cache_bytes = Gauge("nmt_cache_bytes", "Bytes the model's entries count against the translation cache's budget.", model,
+                                 registry=registry)  # fmt: skip
         self.model_info = Info("nmt_model", "A served model.", model, registry=registry)
         self.self_check_diff = Gauge("nmt_self_check_max_log_prob_diff", "Largest |log-prob difference| of the model dir's self-check "
                                      "references on this host at start, against the exporting host's (-1: not checked).", model,

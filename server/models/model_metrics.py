@@ -24,6 +24,10 @@ class ModelMetrics:
         self.padding_ratio = metrics.padding_ratio.labels(model=model)
         self.generated_tokens = metrics.generated_tokens.labels(model=model)
         self.engine_failures = metrics.engine_failures.labels(model=model)
+        self.cache_hits = metrics.cache_hits.labels(model=model)
+        self.cache_misses = metrics.cache_misses.labels(model=model)
+        self.cache_evictions = metrics.cache_evictions.labels(model=model)
+        self.cache_bytes = metrics.cache_bytes.labels(model=model)
         self.checked_host(-1.0, -1.0)
 
     def describe(self, version: str, precision: str, provider: str) -> None:
@@ -49,6 +53,15 @@ class ModelMetrics:
 
     def engine_failed(self) -> None:
         self.engine_failures.inc()
+
+    def cache_looked_up(self, hit: bool) -> None:
+        (self.cache_hits if hit else self.cache_misses).inc()
+
+    def cache_evicted(self) -> None:
+        self.cache_evictions.inc()
+
+    def cache_resized(self, delta_bytes: int) -> None:
+        self.cache_bytes.inc(delta_bytes)
 
     def finished_job(self, queue_wait_s: float | None, first_token_s: float | None, input_tokens: int, output_tokens: int | None) -> None:
         if queue_wait_s is not None:

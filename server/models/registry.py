@@ -18,6 +18,7 @@ from nmt_serve.server.models.metrics import Metrics
 from nmt_serve.server.models.model_metrics import ModelMetrics
 from nmt_serve.server.models.requests import ECHO_CHARS, UnknownModel, clipped
 from nmt_serve.server.models.served_model import ServedModel
+from nmt_serve.server.models.translation_cache import TranslationCache, model_cache
 from nmt_serve.server.settings import ServerSettings
 
 logger = logging.getLogger("nmt-serve")
@@ -107,6 +108,7 @@ def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str
                           join_group=settings.join_group)  # fmt: skip
     queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
     runtime_settings = RuntimeSettings(providers=providers, intra_op_threads=plan.threads, warmup_rows=min(plan.max_rows, 64))
+    cache = TranslationCache(settings.cache_mb << 20) if settings.cache_mb else None
     models = []
     for name, model_dir in names.items():
         runtime = Runtime(model_dir, runtime_settings)
@@ -116,6 +118,6 @@ def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str
         scheduler = Scheduler([Engine(runtime, limits, view) for _ in range(plan.engines)], queue_limits, view, pool)
         view.describe(runtime.manifest.model_version, runtime.manifest.precision, runtime.provider)
         view.watch_queue(lambda scheduler=scheduler: scheduler.queue_depth, lambda scheduler=scheduler: scheduler.running)
-        models.append(ServedModel(runtime, scheduler, settings))
+        models.append(ServedModel(runtime, scheduler, settings, model_cache(cache, name, model_dir, runtime.host_check, view)))
     schedulers = Schedulers([model.scheduler for model in models], pool)
     return ModelRegistry(models, default_name, schedulers)

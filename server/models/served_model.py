@@ -16,6 +16,7 @@ from nmt_serve.server.engine.scheduler import Scheduler
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.models.preparation import prepare
 from nmt_serve.server.models.requests import Limits, RequestReader, Sentence, Source, Task
+from nmt_serve.server.models.translation_cache import ModelCache
 from nmt_serve.server.settings import ServerSettings
 
 FINISH_REASONS = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
@@ -27,8 +28,9 @@ HEALTH_PREFIX = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name +
 class ServedModel:
     """Requests reach it validated only as far as its name; everything after that depends on the model."""
 
-    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings) -> None:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, settings: ServerSettings, cache: ModelCache | None = None) -> None:
         self.runtime = runtime
+        self.cache = cache  # None: every sentence goes to the engine (server/models/translation_cache.py says when)
         self.scheduler = scheduler
         self.settings = settings
         self.name = runtime.manifest.model_name
@@ -44,8 +46,9 @@ class ServedModel:
         task = await prepare(lambda: self.reader.translate(request), request.ByteSize())
         # Every sentence of every text is its own job, all submitted at once so that they share batches.
         # A TaskGroup cancels the other jobs as soon as one fails, so none runs on unanswered.
+        # A sentence the cache holds is answered at once and takes no place in the queue.
         async with asyncio.TaskGroup() as group:
-            jobs = [[group.create_task(self.scheduler.translate(sentence.token_ids, self._sentence_options(task, number), deadline))
+            jobs = [[self._answer(group, source, sentence, self._sentence_options(task, number), deadline)
                      for number, sentence in enumerate(source.sentences)] for source in task.sources]  # fmt: skip
         translations = [pb.Translation(hypotheses=self._joined(source, [job.result() for job in text_jobs]))
                         for source, text_jobs in zip(task.sources, jobs, strict=True)]  # fmt: skip
@@ -76,6 +79,27 @@ class ServedModel:
                             target_language=manifest.target_language, precision=manifest.precision,
                             execution_provider=self.runtime.provider, limits=pb_limits, host_check=host_check)  # fmt: skip
 
+    def _answer(self, group: asyncio.TaskGroup, source: Source, sentence: Sentence, options: SearchOptions,
+                deadline: float) -> asyncio.Future[list[Hypothesis]]:  # fmt: skip
+        """The sentence's n-best: from the cache, else a task of `group` that runs it and keeps the answer."""
+        text, cached = self._look_up(source, sentence, options)
+        if cached is None:
+            return group.create_task(self._translate_sentence(text, sentence, options, deadline))
+        answered: asyncio.Future[list[Hypothesis]] = asyncio.get_running_loop().create_future()
+        answered.set_result(cached)
+        return answered
+
+    def _look_up(self, source: Source, sentence: Sentence, options: SearchOptions) -> tuple[str, list[Hypothesis] | None]:
+        """The sentence's text, and its n-best when the cache holds it."""
+        text = source.text[sentence.start:sentence.end]
+        return text, (self.cache.get(options, text) if self.cache is not None else None)
+
+    async def _translate_sentence(self, text: str, sentence: Sentence, options: SearchOptions, deadline: float) -> list[Hypothesis]:
+        nbest = await self.scheduler.translate(sentence.token_ids, options, deadline)
+        if self.cache is not None:
+            self.cache.put(options, text, nbest)
+        return nbest
+
     @staticmethod
     def _sentence_options(task: Task, number: int) -> SearchOptions:
         """The target prefix starts the text, so only its first sentence is forced to it."""
@@ -90,7 +114,7 @@ class ServedModel:
         """
         streaming = task.options.beam_size == 1
         queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in source.sentences]
-        pumps = [asyncio.create_task(self._pump(sentence, self._sentence_options(task, number), deadline, queue))
+        pumps = [self._start_pump(source, sentence, self._sentence_options(task, number), deadline, queue)
                  for number, (sentence, queue) in enumerate(zip(source.sentences, queues, strict=True))]  # fmt: skip
         try:
             nbests: list[list[Hypothesis]] = []
@@ -123,12 +147,24 @@ class ServedModel:
             yield pb.TranslateStreamResponse(text_delta=tail, final=True, hypotheses=hypotheses)
         finally:
             for pump in pumps:
-                pump.cancel()
+                if pump is not None:
+                    pump.cancel()
 
-    async def _pump(self, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
+    def _start_pump(self, source: Source, sentence: Sentence, options: SearchOptions, deadline: float,
+                    queue: asyncio.Queue[Any]) -> asyncio.Task[None] | None:  # fmt: skip
+        """A cached sentence's n-best goes into its queue at once (its whole text then leaves as one delta); None then."""
+        text, cached = self._look_up(source, sentence, options)
+        if cached is None:
+            return asyncio.create_task(self._pump(text, sentence, options, deadline, queue))
+        queue.put_nowait(cached)
+        return None
+
+    async def _pump(self, text: str, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
         """One sentence's stream into its queue, a failure included, so the sentences ahead of it need not wait."""
         try:
             async for event in self.scheduler.stream(sentence.token_ids, options, deadline):
+                if self.cache is not None and isinstance(event, list):
+                    self.cache.put(options, text, event)
                 queue.put_nowait(event)
         except Exception as error:  # noqa: BLE001 - handed to the call, which answers with its status
             queue.put_nowait(error)
