@@ -64,6 +64,8 @@ class Report:
     rejection_latency_s: dict[str, float] = field(default_factory=dict)  # how fast RESOURCE_EXHAUSTED came back
     server: dict[str, float] = field(default_factory=dict)  # mean of each server histogram over the run
     models: dict[str, dict[str, int]] = field(default_factory=dict)  # with --model: counts by status code, per model
+    repeated: int | None = None  # with --repeat-fraction: texts picked that an earlier pick of the run had picked
+    picked: int = 0  # texts picked: --texts-per-call per call
 
     def markdown(self) -> str:
         lines = [f"### nmt-loadtest {self.mode} against {self.target}", "",
@@ -83,6 +85,9 @@ class Report:
         if self.models:
             lines += ["", "Calls by model: " + "; ".join(f"{model}: " + ", ".join(f"{code} {count}" for code, count in sorted(codes.items()))
                                                        for model, codes in self.models.items()) + "."]  # fmt: skip
+        if self.repeated is not None:
+            lines += ["", f"Repeated texts: {self.repeated} of the {self.picked} texts sent ({self.repeated / max(self.picked, 1):.0%}) "
+                          "had been sent before."]  # fmt: skip
         other = {code: count for code, count in self.codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")}
         if other:
             lines += ["", "Errors by code: " + ", ".join(f"{code} {count}" for code, count in sorted(other.items())) + "."]
@@ -125,19 +130,45 @@ def model_turns(spec: str) -> list[str]:
     return turns
 
 
+class TextPicker:
+    """Each call's text: uniformly at random from the list; or, given a repeat fraction, with that chance a text some
+    earlier call sent (uniformly among them), else the next text no call has sent yet (repeats once the list is spent)."""
+
+    def __init__(self, texts: list[str], rng: random.Random, repeat_fraction: float | None) -> None:
+        self.texts, self.rng, self.repeat_fraction = texts, rng, repeat_fraction
+        self.sent: list[str] = []  # the texts sent so far, each once
+        self.repeated = 0
+        self.picked = 0
+
+    def pick(self) -> str:
+        self.picked += 1
+        if self.repeat_fraction is None:
+            return self.rng.choice(self.texts)
+        spent = len(self.sent) == len(self.texts)
+        if self.sent and (spent or self.rng.random() < self.repeat_fraction):
+            self.repeated += 1
+            return self.rng.choice(self.sent)
+        text = self.texts[len(self.sent)]
+        self.sent.append(text)
+        return text
+
+
 class LoadTest:
     def __init__(self, args: argparse.Namespace, texts: list[str]) -> None:
         self.args = args
         self.texts = texts
         self.turns = itertools.cycle(model_turns(args.model))
         self.rng = random.Random(args.seed)
+        # Texts distinct by content, so that a repeat is a repeat only when the picker chose one.
+        self.picker = TextPicker(list(dict.fromkeys(texts)) if args.repeat_fraction is not None else texts, self.rng, args.repeat_fraction)
         self.outcomes: list[Outcome] = []
         self.metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
         options = {"beam_size": args.beam} if args.beam else {}
         self.options = pb.DecodingOptions(**options)
 
     async def one(self, stub: pb_grpc.TranslationServiceStub) -> None:
-        text, model = self.rng.choice(self.texts), next(self.turns)
+        # Several texts per call go as one text of several sentences (the server splits it: each sentence is looked up alone).
+        text, model = " ".join(self.picker.pick() for _ in range(self.args.texts_per_call)), next(self.turns)
         started = time.perf_counter()
         first: float | None = None
         tokens = 0
@@ -235,7 +266,8 @@ class LoadTest:
             codes=dict(codes), rejected=codes.get("RESOURCE_EXHAUSTED", 0),
             errors=sum(count for code, count in codes.items() if code not in ("OK", "RESOURCE_EXHAUSTED")), server=server,
             rejection_latency_s=percentiles([outcome.latency_s for outcome in self.outcomes if outcome.code == "RESOURCE_EXHAUSTED"]),
-            models=self.codes_by_model() if args.model else {},
+            models=self.codes_by_model() if args.model else {}, repeated=self.picker.repeated if args.repeat_fraction is not None else None,
+            picked=self.picker.picked,
         )  # fmt: skip
 
     def codes_by_model(self) -> dict[str, dict[str, int]]:
@@ -272,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=0, help="stop after this many calls")
     parser.add_argument("--texts", type=Path, default=None, help="one text per line, or a TSV whose first column is used "
                         "(default: data/corpus/test.tsv when present, else a bundled sample)")  # fmt: skip
+    parser.add_argument("--repeat-fraction", type=float, default=None, help="the share of calls that send a text an earlier call sent "
+                        "(the rest send texts not sent before, in file order); default: every call picks a text at random")  # fmt: skip
+    parser.add_argument("--texts-per-call", type=int, default=1, help="texts joined by a space into each call's text (a paragraph "
+                        "of sentences, when the texts are sentences)")  # fmt: skip
     parser.add_argument("--beam", type=int, default=0, help="beam size (default: the server's)")
     parser.add_argument("--model", default="", help="served model(s) to call: NAME; a,b = in turn; a=3,b=1 = three calls "
                         "to a, then one to b (default: the server's default model)")  # fmt: skip
@@ -305,6 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.concurrency < 1 or args.rate < 0 or args.burst < 0 or (args.duration <= 0 and args.requests <= 0):
         raise SystemExit("nmt-loadtest: --concurrency must be >= 1, --rate and --burst >= 0, and --duration or --requests positive")
+    if args.texts_per_call < 1:
+        raise SystemExit(f"nmt-loadtest: --texts-per-call must be at least 1, got {args.texts_per_call}")
+    if args.repeat_fraction is not None and not 0.0 <= args.repeat_fraction <= 1.0:
+        raise SystemExit(f"nmt-loadtest: --repeat-fraction must be between 0 and 1, got {args.repeat_fraction:g}")
     try:
         test = LoadTest(args, load_texts(args.texts))  # reads --model, before any call
     except ValueError as error:

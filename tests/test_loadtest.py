@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from nmt_serve.bench.balancer import free_port
 from nmt_serve.client.health import main as health_main
-from nmt_serve.client.loadtest import SAMPLE_TEXTS, load_texts
+from nmt_serve.client.loadtest import SAMPLE_TEXTS, TextPicker, load_texts
 from nmt_serve.client.loadtest import main as loadtest_main
 from tests.serving import RunningServer, server_settings
 
@@ -55,6 +56,42 @@ def test_streaming_reports_time_to_first_token(target: RunningServer, tmp_path: 
     out = tmp_path / "report.md"
     assert loadtest_main(["--target", target.target, "--stream", "--requests", "10", "--markdown", str(out), "--texts", str(SAMPLE_TEXTS)]) == 0
     assert "Time to first token" in out.read_text() and "| 10 |" in out.read_text()
+
+
+def test_repeat_fraction_reports_the_share_of_calls_that_repeated_a_text(target: RunningServer, tmp_path: Path) -> None:
+    out, markdown = tmp_path / "report.json", tmp_path / "report.md"
+    code = loadtest_main(["--target", target.target, "--concurrency", "2", "--requests", "40", "--repeat-fraction", "0.8", "--texts-per-call", "2", "--json", str(out),
+                          "--markdown", str(markdown), "--texts", str(SAMPLE_TEXTS)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert code == 0 and report["codes"] == {"OK": 40} and report["picked"] == 80 and 40 <= report["repeated"] <= 79
+    assert f"Repeated texts: {report['repeated']} of the 80 texts sent" in markdown.read_text()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.8, 1.0])
+def test_text_picker_repeats_only_texts_already_sent_and_sends_new_ones_in_order(fraction: float) -> None:
+    texts = [f"Satz {number}." for number in range(50)]
+    picker = TextPicker(texts, random.Random(3), fraction)
+    seen: list[str] = []
+    repeats = 0
+    for _ in range(40):
+        text = picker.pick()
+        if text in seen:
+            repeats += 1
+        else:
+            assert text == texts[len(seen)]
+            seen.append(text)
+    assert picker.repeated == repeats and picker.sent == seen
+    assert repeats == {0.0: 0, 1.0: 39}.get(fraction, repeats) and (0 < repeats < 39 or fraction in (0.0, 1.0))
+
+
+def test_text_picker_repeats_once_every_text_was_sent() -> None:
+    picker = TextPicker(["a", "b"], random.Random(0), 0.0)
+    assert [picker.pick() for _ in range(2)] == ["a", "b"] and {picker.pick() for _ in range(5)} <= {"a", "b"} and picker.repeated == 5
+
+
+def test_repeat_fraction_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(SystemExit, match="--repeat-fraction must be between 0 and 1, got 1.5"):
+        loadtest_main(["--repeat-fraction", "1.5", "--requests", "1"])
 
 
 def test_texts_from_a_tsv_use_its_first_column(tmp_path: Path) -> None:
