@@ -30,6 +30,8 @@ from nmt_serve.model.help_corpus import DEFAULT_HELP_ROOT, read_help
 
 logger = logging.getLogger("nmt-cache-report")
 MIN_WORDS, MAX_CHARS = 3, 200  # sentences, not headings or whole paragraphs
+SHARED_MACHINE = ("The machine was shared while this ran (other work, a training run among it, took cores at times): the rows "
+                  "take turns round by round, so every row met the same load, but absolute figures are lower than on an idle machine.")
 
 
 def help_sentences(root: str, seed: int) -> list[str]:
@@ -154,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flags = ["--repeat-fraction", str(args.repeat_fraction), "--texts-per-call", str(per_call)]
             sections.append(workload_section(args, per_call, measure(args, flags, slices, work)))
     model = args.model_dir.relative_to(ROOT) if args.model_dir.is_relative_to(ROOT) else args.model_dir
+    sections.append(SHARED_MACHINE)
     sections.append(f"Model dir: {model}. Texts: {len(texts)} distinct German sentences of the help pages, shuffled (seed {args.seed}), dealt "
                     f"out into {count} disjoint slices, one per row, so that a row's new sentences are new to the cache.")  # fmt: skip
     write_report("Translation cache on a repeating workload", "nmt-cache-report", argv, sections, args.out)

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output tokens per hypothesis (default: 1.5 x source tokens + 10)")  # fmt: skip
     parser.add_argument("--whole", action="store_true",
                         help="send each text to the model whole instead of sentence by sentence (split_sentences off)")
+    parser.add_argument("--html", action="store_true", help="each text is HTML: its markup comes back unchanged, its text nodes translated")
+    parser.add_argument("--keep", action="append", default=[], metavar="TEXT",
+                        help="return every occurrence of TEXT unchanged (repeat for several)")  # fmt: skip
+    parser.add_argument("--no-detect-verbatim", action="store_true",
+                        help="translate URLs, paths, code, placeholders and key combinations too, instead of returning them unchanged")
     parser.add_argument("--stream", action="store_true", help="print text as it is decoded (greedy; beam search prints when done)")
     parser.add_argument("--json", action="store_true", help="one JSON object per text: source and hypotheses")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
@@ -100,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     numbered = args.nbest is not None and args.nbest > 1
     texts = [] if args.list_models else args.texts or read_stdin(sys.stdin)
     options = Options(beam_size=args.beam, num_hypotheses=args.nbest, max_output_tokens=args.max_output_tokens,
-                      split_sentences=False if args.whole else None)
+                      split_sentences=False if args.whole else None, keep=tuple(args.keep),
+                      detect_verbatim=False if args.no_detect_verbatim else None, format="html" if args.html else None)  # fmt: skip
     out = sys.stdout
     try:
         with TranslationClient(args.target, token=args.token, model=args.model) as client:

@@ -39,9 +39,16 @@ class Options:
     min_output_tokens: int | None = None
     target_prefix: str | None = None
     split_sentences: bool | None = None  # None: the server's default (on: each sentence translated, whitespace kept)
+    # Returned unchanged: every occurrence of a string, or characters (start, end) of every text.
+    keep: tuple[str | tuple[int, int], ...] = ()
+    detect_verbatim: bool | None = None  # None: the server's default (on: URLs, paths, code, placeholders, keys kept unchanged)
+    format: str | None = None  # "text" (the server's default) or "html": the markup kept, the text nodes translated
 
     def to_proto(self) -> pb.DecodingOptions:
-        return pb.DecodingOptions(**{name: value for name, value in self.__dict__.items() if value is not None})
+        values = {name: value for name, value in self.__dict__.items() if value is not None and name != "keep"}
+        keep = [pb.KeepSpan(text=span) if isinstance(span, str) else pb.KeepSpan(range=pb.CharRange(start=span[0], end=span[1]))
+                for span in self.keep]  # fmt: skip
+        return pb.DecodingOptions(**values, keep=keep)
 
 
 class TranslationClient:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from html.parser import HTMLParser
+
+from nmt_serve.model.verbatim import detect
 
 DEFAULT_HELP_ROOT = "/usr/share/libreoffice/help"
 GERMAN, ENGLISH = "de", "en-US"
@@ -89,24 +92,44 @@ def aligned_pairs(german: dict[str, str], english: dict[str, str]) -> list[Pair]
     return pairs
 
 
-def read_help(root: str, counts: Counter) -> tuple[list[Pair], int]:
-    """Pairs from every page present under both ROOT/de and ROOT/en-US; (pairs, pages read)."""
+def is_held_out(german: str) -> bool:
+    """Whether a paragraph is held out of the corpus: one holding a verbatim span (a path, URL, placeholder, key
+    combination; model/verbatim.py) belongs to the evaluation of how such spans survive (bench/verbatim_report.py)."""
+    return bool(detect(german))
+
+
+def page_pairs(root: str, counts: Counter) -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
+    """(path under ROOT/de, German units, English units) of every page present under both ROOT/de and ROOT/en-US."""
     german_root, english_root = os.path.join(root, GERMAN), os.path.join(root, ENGLISH)
-    pairs: list[Pair] = []
-    pages = 0
     for directory, _, files in sorted(os.walk(german_root)):
         for name in sorted(files):
             if not name.endswith(".html"):
                 continue
             german_path = os.path.join(directory, name)
-            english_path = os.path.join(english_root, os.path.relpath(german_path, german_root))
+            relative = os.path.relpath(german_path, german_root)
+            english_path = os.path.join(english_root, relative)
             if not os.path.isfile(english_path):
                 counts["pages_without_english"] += 1
                 continue
             with open(german_path, encoding="utf-8", errors="replace") as de_file, open(english_path, encoding="utf-8", errors="replace") as en_file:
-                page_pairs = aligned_pairs(unit_texts(de_file.read()), unit_texts(en_file.read()))
-            pages += 1
-            pairs.extend(page_pairs)
+                yield relative, unit_texts(de_file.read()), unit_texts(en_file.read())
+
+
+def read_help(root: str, counts: Counter) -> tuple[list[Pair], int]:
+    """Pairs from every page present under both ROOT/de and ROOT/en-US, less the held-out paragraphs; (pairs, pages read)."""
+    pairs: list[Pair] = []
+    pages = 0
+    for _, german, english in page_pairs(root, counts):
+        pages += 1
+        kept = {unit_id: text for unit_id, text in german.items() if not is_held_out(text)}
+        counts["paragraphs_held_out"] += len(german) - len(kept)
+        pairs.extend(aligned_pairs(kept, english))
     counts["pages"] = pages
     counts["pairs"] = len(pairs)
     return pairs, pages
+
+
+def held_out_paragraphs(root: str) -> list[Pair]:
+    """(German, English) of every held-out paragraph or heading that has an English twin, whole (not split into sentences)."""
+    return [(text, english[unit_id]) for _, german, english in page_pairs(root, Counter())
+            for unit_id, text in german.items() if is_held_out(text) and english.get(unit_id)]  # fmt: skip

@@ -171,6 +171,22 @@ def test_cli_whole_sends_each_text_unsplit(served: RunningServer, capsys: pytest
     assert run_cli(capsys, "--target", served.target, paragraph) == split + "\n"
 
 
+def test_cli_keep_and_no_detect_verbatim_reach_the_server(served: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "Ich sehe Bello in /etc/fstab."
+    kept = run_cli(capsys, "--target", served.target, "--keep", "Bello", text)
+    assert "Bello" in kept and "/etc/fstab" in kept
+    translated = run_cli(capsys, "--target", served.target, "--no-detect-verbatim", text)
+    assert "Bello" not in translated and "/etc/fstab" not in translated
+
+
+def test_cli_html_sends_each_text_as_a_page(served: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    page = "<p>Ich sehe <b>den Hund</b>.</p>"
+    with TranslationClient(served.target) as client:
+        expected = client.translate([page], Options(format="html"), timeout=30)[0][0].text
+    assert expected.startswith("<p>") and "<b>" in expected
+    assert run_cli(capsys, "--target", served.target, "--html", page) == expected + "\n"
+
+
 @pytest.mark.parametrize("flags", [["--json", "--beam", "3", "--nbest", "2"], ["--beam", "3", "--nbest", "2"], ["--json"], []],
                          ids=["json-nbest", "plain-nbest", "json-greedy", "plain-greedy"])  # fmt: skip
 def test_cli_stream_prints_what_the_unary_call_prints(served: RunningServer, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from nmt_serve.model.corpus import clean_gettext_string, main
-from nmt_serve.model.help_corpus import aligned_pairs, read_help, split_sentences, unit_texts
+from nmt_serve.model.help_corpus import aligned_pairs, held_out_paragraphs, read_help, split_sentences, unit_texts
 from tests.test_corpus import write_ding, write_mo
 
 GERMAN_PAGE = """<html><body><div id="DisplayArea">
@@ -69,7 +69,16 @@ def test_read_help_reads_pages_present_in_both_languages(tmp_path: Path) -> None
     write_help(tmp_path / "help")
     counts: Counter = Counter()
     pairs, pages = read_help(str(tmp_path / "help"), counts)
-    assert pages == 1 and counts["pages_without_english"] == 1 and len(pairs) == counts["pairs"] == 6
+    assert pages == 1 and counts["pages_without_english"] == 1 and len(pairs) == counts["pairs"] == 4  # 2 held out (below)
+
+
+def test_read_help_holds_paragraphs_with_verbatim_spans_out_and_held_out_paragraphs_reads_only_them(tmp_path: Path) -> None:
+    write_help(tmp_path / "help")
+    counts: Counter = Counter()
+    pairs, _ = read_help(str(tmp_path / "help"), counts)
+    assert not any("Umschalt+F5" in german or "Anfang" in german for german, _ in pairs) and counts["paragraphs_held_out"] == 1
+    assert held_out_paragraphs(str(tmp_path / "help")) == [("Der Cursor steht am Anfang. Drücken Sie Umschalt+F5, um ihn zu versetzen.",
+                                                            "The cursor is at the start. Press Shift+F5 to move it.")]
 
 
 def test_libreoffice_tilde_accelerators_are_removed() -> None:
@@ -88,5 +97,5 @@ def test_nmt_corpus_puts_help_pairs_in_train_only(tmp_path: Path) -> None:
     for held_out in ("valid.tsv", "test.tsv"):
         assert "Dokumenten" not in (out / held_out).read_text(encoding="utf-8")
     report = json.loads((out / "corpus.json").read_text(encoding="utf-8"))
-    assert report["sources"]["help_pairs"] == 6 and report["help"]["pages"] == 1
+    assert report["sources"]["help_pairs"] == 4 and report["help"]["pages"] == 1 and report["help"]["paragraphs_held_out"] == 1
     assert report["inputs"]["help_roots"] == [str(help_root)]

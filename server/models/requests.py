@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nmt_serve.model.html_text import HtmlDocument, parse_html
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.sentences import split_spans
+from nmt_serve.model.verbatim import Span, cut, detect, merge, occurrences
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.settings import ServerSettings
 
+FORMATS = ("text", "html")  # DecodingOptions.format
 # Client-sent values quoted in an error message are cut to this many characters: a status message travels in
 # the trailers, and a client's default metadata limit (16 KiB) turns a longer one into RESOURCE_EXHAUSTED.
 ECHO_CHARS = 80
@@ -43,6 +46,7 @@ class Limits:
     # Engine jobs (sentences) of one request: each takes a place of the scheduler's queue, so a request with
     # more could never be admitted whole; it is refused as invalid, not as a retryable RESOURCE_EXHAUSTED.
     max_inputs_per_request: int = 256
+    max_keep_spans: int = 64  # entries of DecodingOptions.keep: each is searched for in every text
 
     @classmethod
     def from_settings(cls, settings: ServerSettings, max_positions: int) -> Limits:
@@ -68,7 +72,13 @@ class Source:
 
     @property
     def blank(self) -> bool:
+        """Nothing to translate: the text is blank, or all of it is kept verbatim."""
         return not self.sentences
+
+    @property
+    def unchanged(self) -> str:
+        """The translation of a text with nothing to translate: "" for a blank text, else the text as it came."""
+        return self.text if self.text.strip() else ""
 
     @property
     def spans(self) -> list[tuple[int, int]]:
@@ -79,6 +89,8 @@ class Source:
 class Task:
     sources: tuple[Source, ...]
     options: SearchOptions
+    # format "html": the request's pages; the sources are their text nodes and alt/title values, page after page.
+    documents: tuple[HtmlDocument, ...] | None = None
 
 
 class RequestReader:
@@ -107,12 +119,18 @@ class RequestReader:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} "
                                      "(max_chars_per_text, set by nmt-serve --max-chars-per-text); split the text into shorter texts")  # fmt: skip
         search_options = self._options(options)
+        documents = self._documents(texts, options)
+        if documents is not None:
+            texts = [text for document in documents for text in document.texts]
         split = options.split_sentences if options.HasField("split_sentences") else True
         # Spans first, for every text: a text over the sentence limit is refused before any tokenizing.
         # Blank texts have no spans: they stay out of the tokenizer and the engine and translate to "".
         # Splitting stops one sentence past the limit, so a refused text costs no more than an admitted one.
         limit = self.limits.max_sentences_per_text
         spans = [split_spans(text, limit) if split else ([(0, len(text))] if text.strip() else []) for text in texts]
+        # Verbatim spans come out of the sentences: the pieces between them are translated, they are kept as they were.
+        kept = self._verbatim(texts, options, field)
+        spans = [cut(text_spans, text_kept, text) for text, text_spans, text_kept in zip(texts, spans, kept, strict=True)]
         for index, text_spans in enumerate(spans):
             if len(text_spans) > limit:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has more than {limit} sentences; the limit is {limit} "
@@ -132,7 +150,52 @@ class RequestReader:
                 self._check_tokens(name, token_ids, search_options)
                 sentences.append(Sentence(start, end, token_ids))
             sources.append(Source(text, tuple(sentences)))
-        return Task(tuple(sources), search_options)
+        return Task(tuple(sources), search_options, documents)
+
+    @staticmethod
+    def _documents(texts: list[str], options: pb.DecodingOptions) -> tuple[HtmlDocument, ...] | None:
+        """The parsed pages when options.format is "html"; None for plain text."""
+        text_format = options.format if options.HasField("format") else FORMATS[0]
+        if text_format not in FORMATS:
+            raise InvalidRequest(f"options.format must be one of {', '.join(FORMATS)}, got {clipped(text_format)!r}")
+        if text_format == "html" and any(entry.WhichOneof("span") == "range" for entry in options.keep):
+            raise InvalidRequest("options.keep may hold no range when options.format is html (a range of the page would cut its markup); "
+                                 "keep strings instead")  # fmt: skip
+        return tuple(parse_html(text) for text in texts) if text_format == "html" else None
+
+    def _verbatim(self, texts: list[str], options: pb.DecodingOptions, field: str) -> list[list[Span]]:
+        """Per text, the spans to keep unchanged: options.keep's and, unless options.detect_verbatim is false, the detected ones."""
+        keep = list(options.keep)
+        limit = self.limits.max_keep_spans
+        if len(keep) > limit:
+            raise InvalidRequest(f"options.keep holds {len(keep)} entries; the limit is {limit} (max_keep_spans); keep fewer strings or ranges")
+        problems = self._keep_problems(keep, texts, field)
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        detecting = options.detect_verbatim if options.HasField("detect_verbatim") else True
+        strings = [entry.text for entry in keep if entry.WhichOneof("span") == "text"]
+        ranges = [(entry.range.start, entry.range.end) for entry in keep if entry.WhichOneof("span") == "range"]
+        return [merge([*(detect(text) if detecting else ()), *occurrences(text, strings), *ranges]) for text in texts]
+
+    def _keep_problems(self, keep: list[pb.KeepSpan], texts: list[str], field: str) -> list[str]:
+        problems = []
+        for index, entry in enumerate(keep):
+            name = f"options.keep[{index}]"
+            if entry.WhichOneof("span") is None:
+                problems.append(f"{name} must set text or range")
+            elif entry.WhichOneof("span") == "text" and not entry.text:
+                problems.append(f"{name}.text must not be empty")
+            elif entry.WhichOneof("span") == "text" and len(entry.text) > self.limits.max_chars_per_text:
+                problems.append(f"{name}.text has {len(entry.text)} characters; the limit is {self.limits.max_chars_per_text} (max_chars_per_text)")
+            elif entry.WhichOneof("span") == "range" and not 0 <= entry.range.start < entry.range.end:
+                problems.append(f"{name}.range must have 0 <= start < end, got start {entry.range.start}, end {entry.range.end}")
+            elif entry.WhichOneof("span") == "range":
+                for text_index, text in enumerate(texts):
+                    if entry.range.end > len(text):
+                        problems.append(f"{name}.range ends at {entry.range.end}, past the end of {self._name(field, text_index, len(texts))} "
+                                        f"({len(text)} characters); a range must lie within every text of the request")  # fmt: skip
+                        break
+        return problems
 
     def _check_tokens(self, name: str, token_ids: tuple[int, ...], search_options: SearchOptions) -> None:
         """One engine input's source length, and the min output length against the max in force for it."""

@@ -15,6 +15,7 @@ from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.engine.scheduler import Scheduler
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.models.preparation import prepare
+from nmt_serve.server.models.html_pages import rendered
 from nmt_serve.server.models.requests import Limits, RequestReader, Sentence, Source, Task
 from nmt_serve.server.models.translation_cache import ModelCache
 from nmt_serve.server.settings import ServerSettings
@@ -44,6 +45,9 @@ class ServedModel:
 
     async def translate(self, request: pb.TranslateRequest, deadline: float) -> pb.TranslateResponse:
         task = await prepare(lambda: self.reader.translate(request), request.ByteSize())
+        return pb.TranslateResponse(translations=await self._translations(task, deadline), model=self.name)
+
+    async def _translations(self, task: Task, deadline: float) -> list[pb.Translation]:
         # Every sentence of every text is its own job, all submitted at once so that they share batches.
         # A TaskGroup cancels the other jobs as soon as one fails, so none runs on unanswered.
         # A sentence the cache holds is answered at once and takes no place in the queue.
@@ -52,13 +56,18 @@ class ServedModel:
                      for number, sentence in enumerate(source.sentences)] for source in task.sources]  # fmt: skip
         translations = [pb.Translation(hypotheses=self._joined(source, [job.result() for job in text_jobs]))
                         for source, text_jobs in zip(task.sources, jobs, strict=True)]  # fmt: skip
-        return pb.TranslateResponse(translations=translations, model=self.name)
+        return translations if task.documents is None else rendered(task.documents, translations)
 
     async def stream(self, request: pb.TranslateStreamRequest, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
         task = await prepare(lambda: self.reader.stream(request), request.ByteSize())
+        if task.documents is not None:  # a page is sent whole, once translated (its text nodes are decoded at once)
+            (page,) = await self._translations(task, deadline)
+            yield pb.TranslateStreamResponse(text_delta=page.hypotheses[0].text, final=True, hypotheses=page.hypotheses)
+            return
         source = task.sources[0]
         if source.blank:
-            yield pb.TranslateStreamResponse(final=True, hypotheses=[self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))])
+            unchanged = self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS), source.unchanged)
+            yield pb.TranslateStreamResponse(text_delta=unchanged.text, final=True, hypotheses=[unchanged])
             return
         async for message in self._stream_sentences(source, task, deadline):
             yield message
@@ -69,7 +78,7 @@ class ServedModel:
             max_texts=limits.max_texts, max_chars_per_text=limits.max_chars_per_text, max_source_tokens=limits.max_source_tokens,
             max_output_tokens=limits.max_output_tokens, max_beam_size=limits.max_beam_size, max_message_bytes=settings.max_message_bytes,
             max_queued_requests=settings.max_queued_requests, default_deadline_seconds=settings.default_deadline_s,
-            max_sentences_per_text=limits.max_sentences_per_text,
+            max_sentences_per_text=limits.max_sentences_per_text, max_keep_spans=limits.max_keep_spans,
         )  # fmt: skip
         checked = self.runtime.host_check
         host_check = pb.HostCheck() if checked is None else pb.HostCheck(
@@ -172,7 +181,7 @@ class ServedModel:
     def _joined(self, source: Source, nbests: list[list[Hypothesis]]) -> list[pb.Hypothesis]:
         """A text's n-best from its sentences' (the rules are the proto's, at DecodingOptions.split_sentences)."""
         if source.blank:
-            return [self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS))]  # no engine slot
+            return [self._hypothesis(Hypothesis((), 0.0, FinishReason.EOS), source.unchanged)]  # no engine slot
         if len(nbests) == 1:
             (start, end), = source.spans
             return [self._hypothesis(h, source.text[:start], source.text[end:]) for h in nbests[0]]

@@ -17,7 +17,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("beam_size", "num_hypotheses", "length_penalty", "max_output_tokens", "min_output_tokens", "repetition_penalty", "no_repeat_ngram_size", "target_prefix", "split_sentences")
+    __slots__ = ("beam_size", "num_hypotheses", "length_penalty", "max_output_tokens", "min_output_tokens", "repetition_penalty", "no_repeat_ngram_size", "target_prefix", "split_sentences", "keep", "detect_verbatim", "format")
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     LENGTH_PENALTY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,9 @@ class DecodingOptions(_message.Message):
     NO_REPEAT_NGRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     TARGET_PREFIX_FIELD_NUMBER: _ClassVar[int]
     SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    DETECT_VERBATIM_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     beam_size: int
     num_hypotheses: int
     length_penalty: float
@@ -36,7 +39,26 @@ class DecodingOptions(_message.Message):
     no_repeat_ngram_size: int
     target_prefix: str
     split_sentences: bool
-    def __init__(self, beam_size: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., length_penalty: _Optional[float] = ..., max_output_tokens: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., target_prefix: _Optional[str] = ..., split_sentences: _Optional[bool] = ...) -> None: ...
+    keep: _containers.RepeatedCompositeFieldContainer[KeepSpan]
+    detect_verbatim: bool
+    format: str
+    def __init__(self, beam_size: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., length_penalty: _Optional[float] = ..., max_output_tokens: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., target_prefix: _Optional[str] = ..., split_sentences: _Optional[bool] = ..., keep: _Optional[_Iterable[_Union[KeepSpan, _Mapping]]] = ..., detect_verbatim: _Optional[bool] = ..., format: _Optional[str] = ...) -> None: ...
+
+class KeepSpan(_message.Message):
+    __slots__ = ("text", "range")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    range: CharRange
+    def __init__(self, text: _Optional[str] = ..., range: _Optional[_Union[CharRange, _Mapping]] = ...) -> None: ...
+
+class CharRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "score", "token_count", "finish_reason")
@@ -113,7 +135,7 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_texts", "max_chars_per_text", "max_source_tokens", "max_output_tokens", "max_beam_size", "max_message_bytes", "max_queued_requests", "default_deadline_seconds", "max_sentences_per_text")
+    __slots__ = ("max_texts", "max_chars_per_text", "max_source_tokens", "max_output_tokens", "max_beam_size", "max_message_bytes", "max_queued_requests", "default_deadline_seconds", "max_sentences_per_text", "max_keep_spans")
     MAX_TEXTS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHARS_PER_TEXT_FIELD_NUMBER: _ClassVar[int]
     MAX_SOURCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +145,7 @@ class Limits(_message.Message):
     MAX_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_SENTENCES_PER_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEEP_SPANS_FIELD_NUMBER: _ClassVar[int]
     max_texts: int
     max_chars_per_text: int
     max_source_tokens: int
@@ -132,7 +155,8 @@ class Limits(_message.Message):
     max_queued_requests: int
     default_deadline_seconds: float
     max_sentences_per_text: int
-    def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ..., max_sentences_per_text: _Optional[int] = ...) -> None: ...
+    max_keep_spans: int
+    def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ..., max_sentences_per_text: _Optional[int] = ..., max_keep_spans: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits", "host_check")
