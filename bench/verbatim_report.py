@@ -21,6 +21,10 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 
+from nmt_serve.model.extras import require_extra
+
+require_extra("nmt-verbatim-report", "dev", ("sacrebleu",))
+
 import grpc
 import sacrebleu
 
