@@ -113,7 +113,9 @@ class InProcessServer:
     def __init__(self, model_dir: Path, engines: int, threads: int) -> None:
         settings = ServerSettings(model_dir=model_dir, port=0, metrics_port=-1, engines=engines, threads=threads,
                                   max_queued_requests=1 << 16, max_queued_tokens=1 << 22, default_deadline_s=600.0,
-                                  max_deadline_s=600.0)  # fmt: skip
+                                  max_deadline_s=600.0, cache_mb=0)  # fmt: skip
+        # cache_mb=0: every way is timed on the model's work; the cache would answer the sentences one by one
+        # from what the split way translated before.
         self.server = Server(settings)
         self._thread = threading.Thread(target=lambda: asyncio.run(self.server.run(install_signals=False)), daemon=True)
 
