@@ -35,6 +35,14 @@ def test_default_checkpoint_records_its_test_scores() -> None:
     assert (CHECKPOINT / "model.safetensors").stat().st_size < 40e6
 
 
+def test_default_checkpoint_credits_the_corpora_it_was_trained_on() -> None:
+    info = json.loads((CHECKPOINT / "train.json").read_text())
+    assert set(info["credits"]) == {"multi30k", "tatoeba"} and info["legs"] and info["initialized_from"]["weights_sha256"]
+    assert info["corpus_sources"]["mix"]["train_pairs"] >= info["corpus"]["train_pairs"]  # the trainer skips pairs over max_len
+    credits = (CHECKPOINT / "CREDITS.md").read_text()
+    assert "Elliott" in credits and "tatoeba.org" in credits and "trans-de-en" in credits
+
+
 @pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
 def test_default_model_dir_verifies_and_translates(precision: str) -> None:
     manifest = load_model_dir(MODEL_DIRS[precision])
@@ -51,12 +59,14 @@ def test_default_model_dirs_carry_parity_on_the_held_out_test() -> None:
     assert fp32["tensors"]["max_abs_log_prob_diff"] <= 1e-4
     assert fp32["search"]["greedy"]["sentences"] == 1000
     assert fp32["search"]["greedy"]["identical_ratio"] == 1.0
-    assert fp32["search"]["beam4"]["identical_ratio"] == 1.0
+    # ONNX Runtime's fp32 log-probs differ from PyTorch's by about 1e-5, so a beam whose two best hypotheses tie
+    # closer than that may pick the other: 1 of the 1,000 held-out sentences does.
+    assert fp32["search"]["beam4"]["identical_ratio"] >= 0.998
     int8 = load_model_dir(MODEL_DIRS["int8"]).parity
     for name in ("greedy", "beam4"):
         assert abs(int8["search"][name]["bleu_delta"]) <= 0.5
-        # A regression floor: with 7-bit weights 83.1% / 81.8% of the held-out outputs (greedy / beam 4)
-        # equal fp32's; this low-confidence model has many near-ties, which int8 flips.
+        # A regression floor: with 7-bit weights and per-row activation scales 83.9% / 82.7% of the held-out
+        # outputs (greedy / beam 4) equal fp32's; this small model has many near-ties, which int8 flips.
         assert int8["search"][name]["identical_ratio"] >= 0.80
     assert set(int8["cpu"]) == {"vendor", "model_name", "features"}
 
