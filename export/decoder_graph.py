@@ -7,7 +7,7 @@ one QKV MatMul, `com.microsoft.GroupQueryAttention` (with as many K/V heads as q
 that is plain multi-head attention) over a self-attention cache that is updated in place, a
 `com.microsoft.MultiHeadAttention` over each source's cross K/V with the rows reading that source
 as its queries (two Gathers map rows to sources and back), three Add + LayerNormalization
-(post-LN) and the FFN: 94 nodes for the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
+(post-LN; a pre-LN model normalises each sublayer's input instead and adds a final LayerNorm) and the FFN: 94 nodes for the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
 
 Contract (docs/architecture.md, the model dir): every row carries its own cache, so rows at different
 positions share a call without a past mask or padding.
@@ -41,8 +41,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from nmt_serve.export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, finish_model, to_numpy
+from nmt_serve.export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, add_residual, finish_model, layer_norm, to_numpy
 from nmt_serve.export.graphs import encoder_output_names, kv_names, past_names, present_names
+from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.transformer import DecoderLayer, Transformer
 
 SOURCE_INPUTS = ["source_queries", "row_queries"]
@@ -68,22 +69,34 @@ def write_activation(graph: GraphWriter, x: str, activation: str, name: str) -> 
     return writer(graph, x, name)
 
 
-def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_heads: int, head_dim: int, activation: str) -> str:
+def sublayer_input(graph: GraphWriter, x: str, norm: object, pre_norm: bool, name: str) -> str:
+    """What a sublayer reads: LayerNorm(x) in a pre-norm layer, x itself in a post-norm one (model/transformer.py Sublayers)."""
+    return layer_norm(graph, x, norm, f"{name}.pre") if pre_norm else x
+
+
+def write_residual(graph: GraphWriter, out: str, x: str, bias: np.ndarray, norm: object, pre_norm: bool, name: str) -> str:
+    """x + out + bias (pre-norm), or LayerNorm of that sum (post-norm)."""
+    return add_residual(graph, out, x, bias, name) if pre_norm else add_and_norm(graph, out, x, bias, norm, name)
+
+
+def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, config: ModelConfig) -> str:
     name = f"layer{index}"
-    scale = 1.0 / math.sqrt(head_dim)
+    n_heads, pre_norm = config.n_heads, config.pre_norm
+    scale = 1.0 / math.sqrt(config.head_dim)
     attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
     # Self-attention: one MatMul for Q, K and V (packed, as GroupQueryAttention reads them).
     qkv_weight = np.concatenate([to_numpy(proj.weight) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)])
     qkv_bias = np.concatenate([to_numpy(proj.bias) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)])
-    qkv = graph.linear(x, qkv_weight, qkv_bias, f"{name}.qkv")
+    qkv = graph.linear(sublayer_input(graph, x, layer.norm1, pre_norm, f"{name}.norm1"), qkv_weight, qkv_bias, f"{name}.qkv")
     (past_key, past_value), (present_key, present_value) = kv_names("past", index), kv_names("present", index)
     attended = graph.op("GroupQueryAttention", [qkv, "", "", past_key, past_value, "seqlens_k", "total_sequence_length"], f"{name}.self_attn",
                         CONTRIB_DOMAIN, (present_key, present_value), num_heads=n_heads, kv_num_heads=n_heads, scale=scale)  # fmt: skip
     out = graph.linear(attended, to_numpy(attn.out_proj.weight), None, f"{name}.self_out")
-    x = add_and_norm(graph, out, x, to_numpy(attn.out_proj.bias), layer.norm1, f"{name}.norm1")
+    x = write_residual(graph, out, x, to_numpy(attn.out_proj.bias), layer.norm1, pre_norm, f"{name}.norm1")
     # Cross-attention per source, not per row: the rows reading one source (a beam's K rows) are
     # that source's queries, so its K/V ([sources, H, S, Dh]) are read once per step, not K times.
-    query = graph.linear(x, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
+    query_input = sublayer_input(graph, x, layer.norm2, pre_norm, f"{name}.norm2")
+    query = graph.linear(query_input, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
     queries = graph.op("Gather", [graph.op("Reshape", [query, "flat_rows_shape"], f"{name}.cross_q_flat"), "source_queries"], f"{name}.cross_q_by_source")
     cross_key, cross_value = kv_names("cross", index)
     attended = graph.op("MultiHeadAttention", [queries, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
@@ -91,10 +104,11 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, n_h
     by_row = graph.op("Gather", [graph.op("Reshape", [attended, "flat_rows_shape"], f"{name}.cross_attn_flat"), "row_queries"], f"{name}.cross_attn_by_row")
     attended = graph.op("Reshape", [by_row, "rows_shape"], f"{name}.cross_attn_rows")
     out = graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out")
-    x = add_and_norm(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, f"{name}.norm2")
-    hidden = write_activation(graph, graph.linear(x, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up"), activation, f"{name}.ffn")
+    x = write_residual(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, pre_norm, f"{name}.norm2")
+    ffn_input = sublayer_input(graph, x, layer.norm3, pre_norm, f"{name}.norm3")
+    hidden = write_activation(graph, graph.linear(ffn_input, to_numpy(ffn.up.weight), to_numpy(ffn.up.bias), f"{name}.ffn_up"), config.activation, f"{name}.ffn")
     out = graph.linear(hidden, to_numpy(ffn.down.weight), None, f"{name}.ffn_down")
-    return add_and_norm(graph, out, x, to_numpy(ffn.down.bias), layer.norm3, f"{name}.norm3")
+    return write_residual(graph, out, x, to_numpy(ffn.down.bias), layer.norm3, pre_norm, f"{name}.norm3")
 
 
 def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
@@ -115,7 +129,9 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     graph.constant("flat_rows_shape", np.array([-1, config.d_model], np.int64))
     graph.constant("rows_shape", np.array([-1, 1, config.d_model], np.int64))
     for index, layer in enumerate(model.decoder_layers):
-        x = write_layer(graph, layer, index, x, config.n_heads, config.head_dim, config.activation)
+        x = write_layer(graph, layer, index, x, config)
+    if model.decoder_norm is not None:  # a pre-norm stack's final LayerNorm
+        x = layer_norm(graph, x, model.decoder_norm, "decoder_norm")
     hidden = graph.op("Squeeze", [x, "axis_1"], "hidden")
     # The output projection is the embedding (tied): a Transpose that ONNX Runtime folds at load keeps one copy in the file.
     logits = graph.op("MatMul", [hidden, graph.op("Transpose", [embedding], "output_projection", perm=[1, 0])], "logits")

@@ -35,6 +35,17 @@ class GraphWriter:
         return self.op("Add", [out, self.constant(f"{name}.bias", bias)], f"{name}.out") if bias is not None else out
 
 
+def add_residual(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias: np.ndarray, name: str) -> str:
+    """residual + sublayer + bias (the sublayer's output projection leaves its bias to this Add)."""
+    biased = graph.op("Add", [sublayer, graph.constant(f"{name}.sublayer_bias", sublayer_bias)], f"{name}.biased")
+    return graph.op("Add", [biased, residual], f"{name}.residual")
+
+
+def layer_norm(graph: GraphWriter, x: str, norm: object, name: str) -> str:
+    gamma, beta = graph.constant(f"{name}.gamma", to_numpy(norm.weight)), graph.constant(f"{name}.beta", to_numpy(norm.bias))  # type: ignore[attr-defined]
+    return graph.op("LayerNormalization", [x, gamma, beta], name, axis=-1, epsilon=float(norm.eps))  # type: ignore[attr-defined]
+
+
 def add_and_norm(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias: np.ndarray, norm: object, name: str) -> str:
     """Post-LN: LayerNorm(residual + sublayer + bias).
 
@@ -43,10 +54,7 @@ def add_and_norm(graph: GraphWriter, sublayer: str, residual: str, sublayer_bias
     26 us), and ONNX Runtime's own SkipLayerNormFusion is turned off for CPU sessions for that reason
     (export/ort_step.make_session).
     """
-    biased = graph.op("Add", [sublayer, graph.constant(f"{name}.sublayer_bias", sublayer_bias)], f"{name}.biased")
-    summed = graph.op("Add", [biased, residual], f"{name}.residual")
-    gamma, beta = graph.constant(f"{name}.gamma", to_numpy(norm.weight)), graph.constant(f"{name}.beta", to_numpy(norm.bias))  # type: ignore[attr-defined]
-    return graph.op("LayerNormalization", [summed, gamma, beta], name, axis=-1, epsilon=float(norm.eps))  # type: ignore[attr-defined]
+    return layer_norm(graph, add_residual(graph, sublayer, residual, sublayer_bias, name), norm, name)
 
 
 def finish_model(graph: GraphWriter, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], opset: int) -> onnx.ModelProto:

@@ -18,10 +18,11 @@ UNK_ID = 3
 ACTIVATIONS = ("relu", "swish", "gelu")
 # "interleaved": sin at even features, cos at odd ones (the paper); "halves": sin in the first half,
 # cos in the second (Marian and OPUS-MT models). Same frequencies, different feature order.
-POSITION_LAYOUTS = ("interleaved", "halves")
+# "fairseq": halves whose frequencies run 10000^(-i / (D/2 - 1)), computed in float32 (M2M-100 and NLLB-200).
+POSITION_LAYOUTS = ("interleaved", "halves", "fairseq")
 # Fields added for imported models. Their defaults are what every model written before them does,
 # so a manifest or config.json without them still describes its model exactly.
-IMPORT_FIELDS = ("activation", "position_layout", "scale_embedding", "output_bias", "banned_ids")
+IMPORT_FIELDS = ("activation", "position_layout", "scale_embedding", "output_bias", "banned_ids", "pre_norm", "position_offset")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class ModelConfig:
     # Token ids search never picks (log-prob -inf after the softmax): Marian's decoder start token is
     # its pad token, which OPUS-MT generation bans; normalisation still counts them, as there.
     banned_ids: tuple[int, ...] = ()
+    # LayerNorm before each sublayer (its output added to the unnormalised input) and one final LayerNorm
+    # after each layer stack (M2M-100 and NLLB-200); False is the paper's post-norm, LayerNorm(x + sublayer(x)).
+    pre_norm: bool = False
+    # Row p of the position table holds sinusoid p + position_offset: fairseq numbers real tokens from
+    # pad_id + 1 (M2M-100 and NLLB-200: 2). The graphs' `positions` still count from 0.
+    position_offset: int = 0
 
     def __post_init__(self) -> None:
         # JSON has no tuples: a loaded list becomes the frozen dataclass's tuple.
@@ -61,6 +68,8 @@ class ModelConfig:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.position_offset < 0:
+            problems.append(f"position_offset must be >= 0, got {self.position_offset}")
         if self.position_layout not in POSITION_LAYOUTS:
             problems.append(f"position_layout must be one of {', '.join(POSITION_LAYOUTS)}, got {self.position_layout!r}")
         for name in ("pad_id", "bos_id", "eos_id", "unk_id"):

@@ -17,14 +17,17 @@ MASK_VALUE = -1e4
 KV = tuple[Tensor, Tensor]  # (key, value), each (B, H, L, Dh)
 
 
-def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), shape (L, D).
+def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleaved", offset: int = 0) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), shape (L, D), for pos = offset .. offset + L - 1.
 
     "halves" puts the same sines in features [0, D/2) and the cosines in [D/2, D) (Marian).
     Computed in float64: at position 500 a float32 argument is off by ~3e-5, which is what
     log-prob parity with an imported model's own table would otherwise see.
+    "fairseq" is fairseq_table's (M2M-100, NLLB-200).
     """
-    position = torch.arange(max_positions, dtype=torch.float64)[:, None]
+    if layout == "fairseq":
+        return fairseq_table(max_positions, d_model, offset)
+    position = torch.arange(offset, offset + max_positions, dtype=torch.float64)[:, None]
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     angles = position * inv_freq  # (L, ceil(D/2))
     table = torch.zeros(max_positions, d_model, dtype=torch.float64)
@@ -36,6 +39,17 @@ def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleave
         table[:, 0::2] = torch.sin(angles)
         table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return table.float()
+
+
+def fairseq_table(max_positions: int, d_model: int, offset: int) -> Tensor:
+    """sin in features [0, D/2), cos in [D/2, 2 * (D/2)), frequencies 10000^(-i / (D/2 - 1)), a zero last
+    feature when D is odd: fairseq's SinusoidalPositionalEmbedding, in float32 as it computes it (the
+    models were trained on exactly these values)."""
+    half = d_model // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / max(half - 1, 1)))
+    angles = torch.arange(offset, offset + max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (L, D/2)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    return torch.cat([table, torch.zeros(max_positions, d_model - 2 * half)], dim=1)
 
 
 ACTIVATION_FUNCTIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
@@ -87,43 +101,59 @@ class FeedForward(nn.Module):
         return self.down(self.dropout(self.activation(self.up(x))))
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention and FFN, each as LayerNorm(x + Dropout(sublayer(x))) (post-LN, as in the paper)."""
+class Sublayers(nn.Module):
+    """Where a layer's LayerNorms sit. Post-norm (the paper): x = LayerNorm(x + Dropout(sublayer(x)));
+    pre-norm (config.pre_norm, M2M-100 / NLLB-200): x = x + Dropout(sublayer(LayerNorm(x)))."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = nn.Dropout(config.dropout)
+
+    def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def add_residual(self, x: Tensor, out: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return x + self.dropout(out) if self.pre_norm else norm(x + self.dropout(out))
+
+
+class EncoderLayer(Sublayers):
+    """Self-attention and FFN, each a residual sublayer with its LayerNorm (Sublayers says where)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.norm2 = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        key, value = self.self_attn.project_kv(x)
-        x = self.norm1(x + self.dropout(self.self_attn(x, key, value, bias)))
-        return self.norm2(x + self.dropout(self.ffn(x)))
+        h = self.sublayer_input(x, self.norm1)
+        key, value = self.self_attn.project_kv(h)
+        x = self.add_residual(x, self.self_attn(h, key, value, bias), self.norm1)
+        return self.add_residual(x, self.ffn(self.sublayer_input(x, self.norm2)), self.norm2)
 
 
-class DecoderLayer(nn.Module):
-    """Masked self-attention over past + new tokens, cross-attention over memory, FFN; post-LN."""
+class DecoderLayer(Sublayers):
+    """Masked self-attention over past + new tokens, cross-attention over memory, FFN."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.norm3 = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, past: KV, self_bias: Tensor, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV]:
-        new_key, new_value = self.self_attn.project_kv(x)
+        h = self.sublayer_input(x, self.norm1)
+        new_key, new_value = self.self_attn.project_kv(h)
         key = torch.cat([past[0], new_key], dim=2)  # (B, H, P+T, Dh)
         value = torch.cat([past[1], new_value], dim=2)
-        x = self.norm1(x + self.dropout(self.self_attn(x, key, value, self_bias)))
-        x = self.norm2(x + self.dropout(self.cross_attn(x, cross[0], cross[1], cross_bias)))
-        x = self.norm3(x + self.dropout(self.ffn(x)))
+        x = self.add_residual(x, self.self_attn(h, key, value, self_bias), self.norm1)
+        x = self.add_residual(x, self.cross_attn(self.sublayer_input(x, self.norm2), cross[0], cross[1], cross_bias), self.norm2)
+        x = self.add_residual(x, self.ffn(self.sublayer_input(x, self.norm3)), self.norm3)
         return x, (key, value)
 
 
@@ -132,7 +162,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
-        self.register_buffer("position_table", sinusoidal_table(config.max_positions, config.d_model, config.position_layout), persistent=False)
+        table = sinusoidal_table(config.max_positions, config.d_model, config.position_layout, config.position_offset)
+        self.register_buffer("position_table", table, persistent=False)
         # Marian's final_logits_bias; absent (not a zero tensor) for models without one, so their checkpoints are unchanged.
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
         banned = torch.zeros(config.vocab_size)
@@ -141,6 +172,9 @@ class Transformer(nn.Module):
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        # Pre-norm stacks end in a LayerNorm each; absent (not an identity) otherwise, so post-norm checkpoints are unchanged.
+        self.encoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else None
+        self.decoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -168,7 +202,7 @@ class Transformer(nn.Module):
         bias = mask_to_bias(src_mask)
         for layer in self.encoder_layers:
             x = layer(x, bias)
-        return x
+        return self.encoder_norm(x) if self.encoder_norm is not None else x
 
     def cross_kv(self, memory: Tensor) -> list[KV]:
         """Cross-attention key/value of every decoder layer, computed once per sentence."""
@@ -206,7 +240,7 @@ class Transformer(nn.Module):
         for layer, layer_past, layer_cross in zip(self.decoder_layers, past, cross, strict=True):
             x, layer_present = layer(x, layer_past, self_bias, layer_cross, cross_bias)
             present.append(layer_present)
-        return x, present
+        return (self.decoder_norm(x) if self.decoder_norm is not None else x), present
 
     def generate_log_probs(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) log-probabilities through the tied embedding; banned ids at -inf."""
