@@ -28,11 +28,11 @@ def german_sentences(count: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10))) + rng.choice([".", "!", "?", ",", ""]) for _ in range(count)]
 
 
-def train_sentencepiece(texts: Sequence[str], path: Path, vocab_size: int) -> None:
+def train_sentencepiece(texts: Sequence[str], path: Path, vocab_size: int, model_type: str = "unigram") -> None:
     import sentencepiece
 
     model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
                                              character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)  # fmt: skip
     path.write_bytes(model.getvalue())
 

@@ -25,6 +25,7 @@ from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
+from nmt_serve.model.languages import LANGUAGES_FILE
 from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.transformer import Transformer
 from nmt_serve.runtime.manifest import FORMAT_VERSION, PRECISIONS, GraphSpec, Manifest, TensorSpec, write_manifest
@@ -97,7 +98,8 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme)
-    tokenizers = tokenizer_files(checkpoint_dir)
+    # A multilingual model's languages.json travels with its tokenizer: requests name languages through it.
+    tokenizers = [*tokenizer_files(checkpoint_dir), *([LANGUAGES_FILE] if (checkpoint_dir / LANGUAGES_FILE).is_file() else [])]
     for file_name in tokenizers:
         shutil.copyfile(checkpoint_dir / file_name, out / file_name)
     source_language, target_language = checkpoint_languages(checkpoint_dir)

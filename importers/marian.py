@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from nmt_serve.importers.sentencepiece_tokenizer import TokenizerImportError, convert_marian_tokenizer
+from nmt_serve.importers.sentencepiece_tokenizer import TokenizerImportError, convert_marian_tokenizer, language_codes
+from nmt_serve.model.languages import LanguageTokens
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.model.transformer import Transformer, sinusoidal_table
@@ -76,17 +77,22 @@ def read_json(path: Path, problems: list[str]) -> Any:
     return None
 
 
-def model_config(raw: Mapping[str, Any], vocab: Mapping[str, int], problems: list[str]) -> ModelConfig | None:
-    """Our ModelConfig for a Marian config.json, or None with every unsupported value named in `problems`."""
-    before = len(problems)
-    if raw.get("model_type") != "marian":
-        problems.append(f"{CONFIG}: model_type {str(raw.get('model_type'))[:40]!r} (expected 'marian')")
-    for key, (wanted, meaning) in ARCHITECTURE_FLAGS.items():
+def check_flags_and_shape(raw: Mapping[str, Any], flags: Mapping[str, tuple[bool, str]], problems: list[str]) -> None:
+    """Flags whose other value changes the computation, and encoder/decoder sizes our one value per model cannot hold."""
+    for key, (wanted, meaning) in flags.items():
         if key in raw and bool(raw[key]) != wanted:
             problems.append(f"{CONFIG}: {key}={raw[key]!r} means {meaning}, which is not supported")
     for first, second in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if raw.get(first) != raw.get(second):
             problems.append(f"{CONFIG}: {first} {raw.get(first)} differs from {second} {raw.get(second)} (one value is supported)")
+
+
+def model_config(raw: Mapping[str, Any], vocab: Mapping[str, int], problems: list[str]) -> ModelConfig | None:
+    """Our ModelConfig for a Marian config.json, or None with every unsupported value named in `problems`."""
+    before = len(problems)
+    if raw.get("model_type") != "marian":
+        problems.append(f"{CONFIG}: model_type {str(raw.get('model_type'))[:40]!r} (expected 'marian')")
+    check_flags_and_shape(raw, ARCHITECTURE_FLAGS, problems)
     if raw.get("decoder_vocab_size") not in (None, raw.get("vocab_size")):
         problems.append(f"{CONFIG}: decoder_vocab_size {raw.get('decoder_vocab_size')} differs from vocab_size {raw.get('vocab_size')}")
     activation = ACTIVATIONS.get(str(raw.get("activation_function")))
@@ -99,17 +105,31 @@ def model_config(raw: Mapping[str, Any], vocab: Mapping[str, int], problems: lis
         problems.append("vocab.json: no '<unk>' entry")
     if len(problems) > before:
         return None
+    return build_config(problems, lambda: marian_config(raw, activation, int(unk)))
+
+
+def marian_config(raw: Mapping[str, Any], activation: str, unk: int) -> ModelConfig:
+    pad = int(raw["pad_token_id"])
+    return ModelConfig(
+        **size_fields(raw), max_positions=int(raw["max_position_embeddings"]),
+        pad_id=pad, bos_id=int(raw.get("decoder_start_token_id", pad)), eos_id=int(raw["eos_token_id"]), unk_id=unk,
+        activation=activation, position_layout="halves", scale_embedding=bool(raw.get("scale_embedding", False)),
+        # OPUS-MT's generation config bans the pad token, which is also the decoder start token.
+        output_bias=True, banned_ids=(pad,),
+    )  # fmt: skip
+
+
+def size_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig sizes every BART-family config.json gives the same way (dropout off: import is for inference)."""
+    return dict(vocab_size=int(raw["vocab_size"]), d_model=int(raw["d_model"]), n_heads=int(raw["encoder_attention_heads"]),
+                n_encoder_layers=int(raw["encoder_layers"]), n_decoder_layers=int(raw["decoder_layers"]), d_ff=int(raw["encoder_ffn_dim"]),
+                dropout=0.0)  # fmt: skip
+
+
+def build_config(problems: list[str], make: Callable[[], ModelConfig]) -> ModelConfig | None:
+    """`make()`, or None with its missing key or bad value named in `problems`."""
     try:
-        pad = int(raw["pad_token_id"])
-        return ModelConfig(
-            vocab_size=int(raw["vocab_size"]), d_model=int(raw["d_model"]), n_heads=int(raw["encoder_attention_heads"]),
-            n_encoder_layers=int(raw["encoder_layers"]), n_decoder_layers=int(raw["decoder_layers"]), d_ff=int(raw["encoder_ffn_dim"]),
-            dropout=0.0, max_positions=int(raw["max_position_embeddings"]),
-            pad_id=pad, bos_id=int(raw.get("decoder_start_token_id", pad)), eos_id=int(raw["eos_token_id"]), unk_id=int(unk),
-            activation=activation, position_layout="halves", scale_embedding=bool(raw.get("scale_embedding", False)),
-            # OPUS-MT's generation config bans the pad token, which is also the decoder start token.
-            output_bias=True, banned_ids=(pad,),
-        )  # fmt: skip
+        return make()
     except KeyError as error:
         problems.append(f"{CONFIG}: {error.args[0]} missing")
     except (TypeError, ValueError) as error:
@@ -176,40 +196,58 @@ def marian_name(ours: str) -> str:
     return f"{side}.layers.{index}.{module}"
 
 
-def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor], our_names: list[str]) -> dict[str, torch.Tensor]:
-    """Our state dict from Marian's; refuses untied embeddings and position tables that are not sinusoidal."""
-    weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
-    config, problems = source.config, []
+def tied_embedding(weights: Mapping[str, torch.Tensor], directory: Path, file_name: str, problems: list[str]) -> torch.Tensor:
+    """The one token embedding of a BART-family checkpoint (names without "model."); differing copies are a problem."""
     embeddings = [weights[name] for name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
                   if name in weights]  # fmt: skip
     if not embeddings:
-        raise MarianImportError(source.directory, [f"{source.weights_file.name}: no shared.weight (the token embedding)"])
+        raise MarianImportError(directory, [f"{file_name}: no shared.weight (the token embedding)"])
     if any(not torch.equal(embeddings[0], other) for other in embeddings[1:]):
-        problems.append(f"{source.weights_file.name}: the encoder, decoder and output embeddings differ (only tied embeddings are supported)")
+        problems.append(f"{file_name}: the encoder, decoder and output embeddings differ (only tied embeddings are supported)")
+    return embeddings[0]
+
+
+def add_layer_tensors(state: dict[str, torch.Tensor], weights: Mapping[str, torch.Tensor], our_names: list[str], their_name: Callable[[str], str],
+                      file_name: str, problems: list[str]) -> None:  # fmt: skip
+    """Every tensor of `our_names` not yet in `state`, read from `weights` under `their_name(ours)`; missing ones are a problem."""
+    wanted = {name: their_name(name) for name in our_names if name not in state}
+    missing = [theirs for theirs in wanted.values() if theirs not in weights]
+    state.update({ours: weights[theirs] for ours, theirs in wanted.items() if theirs in weights})
+    if missing:
+        problems.append(f"{file_name}: {len(missing)} tensors missing, e.g. model.{missing[0]}")
+
+
+def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor], our_names: list[str]) -> dict[str, torch.Tensor]:
+    """Our state dict from Marian's; refuses untied embeddings and position tables that are not sinusoidal."""
+    weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
+    config, problems, file_name = source.config, [], source.weights_file.name
+    embedding = tied_embedding(weights, source.directory, file_name, problems)
     table = sinusoidal_table(config.max_positions, config.d_model, config.position_layout)
     for side in ("encoder", "decoder"):
         stored = weights.get(f"{side}.embed_positions.weight")
         if stored is not None and (stored.shape != table.shape or (stored.float() - table).abs().max() > POSITION_TOLERANCE):
-            problems.append(f"{source.weights_file.name}: {side}.embed_positions.weight is not Marian's sinusoidal table (learned positions?)")
-    state = {"embed.weight": embeddings[0], "output_bias": weights.get("final_logits_bias", torch.zeros(1, config.vocab_size)).reshape(-1)}
-    layer_tensors = [name for name in our_names if name not in state]
-    missing = [marian_name(name) for name in layer_tensors if marian_name(name) not in weights]
-    state.update({name: weights[marian_name(name)] for name in layer_tensors if marian_name(name) in weights})
-    if missing:
-        problems.append(f"{source.weights_file.name}: {len(missing)} tensors missing, e.g. model.{missing[0]}")
+            problems.append(f"{file_name}: {side}.embed_positions.weight is not Marian's sinusoidal table (learned positions?)")
+    state = {"embed.weight": embedding, "output_bias": weights.get("final_logits_bias", torch.zeros(1, config.vocab_size)).reshape(-1)}
+    add_layer_tensors(state, weights, our_names, marian_name, file_name, problems)
     if problems:
         raise MarianImportError(source.directory, problems)
     return {name: tensor.float().contiguous() for name, tensor in state.items()}
 
 
-def build_model(source: MarianSource) -> Transformer:
-    model = Transformer(source.config)
-    state = map_weights(source, read_weights(source.weights_file), list(model.state_dict()))
+def load_mapped_model(config: ModelConfig, directory: Path, weights_file: Path,
+                      map_state: Callable[[Mapping[str, torch.Tensor], list[str]], dict[str, torch.Tensor]]) -> Transformer:  # fmt: skip
+    """Our Transformer with the weights file's tensors as `map_state` names them; shape mismatches are refused."""
+    model = Transformer(config)
+    state = map_state(read_weights(weights_file), list(model.state_dict()))
     try:
         model.load_state_dict(state)
     except RuntimeError as error:  # shape mismatches: name the first lines torch reports
-        raise MarianImportError(source.directory, [f"{source.weights_file.name}: {str(error).splitlines()[1].strip()}"]) from error
+        raise MarianImportError(directory, [f"{weights_file.name}: {str(error).splitlines()[1].strip()}"]) from error
     return model.eval()
+
+
+def build_model(source: MarianSource) -> Transformer:
+    return load_mapped_model(source.config, source.directory, source.weights_file, lambda weights, names: map_weights(source, weights, names))
 
 
 def build_tokenizer(source: MarianSource) -> Tokenizer:
@@ -220,6 +258,12 @@ def build_tokenizer(source: MarianSource) -> Tokenizer:
         return convert_marian_tokenizer(source.directory / "source.spm", source.vocab, source.directory / "vocab.json", specials)
     except TokenizerImportError as error:
         raise MarianImportError(source.directory, [str(error)]) from error
+
+
+def language_tokens(source: MarianSource) -> LanguageTokens | None:
+    """A multilingual model's target languages: each ">>xxx<<" token, read first in the source; None for a single pair."""
+    codes = {token[2:-2]: source.vocab[token] for token in language_codes(source.vocab)}
+    return LanguageTokens(target=dict(sorted(codes.items())), target_place="source") if codes else None
 
 
 def import_record(source: MarianSource, origin: str) -> dict[str, Any]:

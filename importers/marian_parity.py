@@ -1,9 +1,11 @@
-"""An imported model against transformers' own MarianMTModel: teacher-forced log-probs and greedy outputs.
+"""An imported model against transformers' own model (MarianMTModel, M2M100ForConditionalGeneration): log-probs and greedy outputs.
 
 The reference is the source dir loaded by transformers; its greedy generate() outputs are the
 targets, so the log-probs compared are those of real continuations. Pad is banned in both
-searches (OPUS-MT generation bans it, model/config.py banned_ids), and generate() gets no forced
-EOS at its length limit, which our search does not add either.
+searches (OPUS-MT generation and fairseq ban it, model/config.py banned_ids), and generate() gets no
+forced EOS at its length limit, which our search does not add either. A multilingual model gets its
+language tokens on both sides: the source's first token, and the target's first token forced
+(generate()'s forced_bos_token_id, our target_prefix).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ logger = logging.getLogger(__name__)
 BATCH = 16
 
 
-def reference_greedy(reference: Any, src_ids: np.ndarray, src_mask: np.ndarray, pad_id: int, max_new_tokens: int) -> list[list[int]]:
-    """transformers' greedy outputs without the decoder start token, up to and without EOS."""
+def reference_greedy(reference: Any, src_ids: np.ndarray, src_mask: np.ndarray, pad_id: int, max_new_tokens: int,
+                     forced_first: int | None = None) -> list[list[int]]:  # fmt: skip
+    """transformers' greedy outputs without the decoder start token, up to and without EOS (`forced_first` included)."""
     output = reference.generate(
         input_ids=torch.from_numpy(src_ids), attention_mask=torch.from_numpy(src_mask).long(), num_beams=1, do_sample=False,
         max_new_tokens=max_new_tokens, min_length=0, bad_words_ids=[[pad_id]], forced_eos_token_id=None, repetition_penalty=1.0,
-        no_repeat_ngram_size=0, length_penalty=1.0,
+        no_repeat_ngram_size=0, length_penalty=1.0, forced_bos_token_id=forced_first,
     )  # fmt: skip
     eos = reference.config.eos_token_id
     targets = []
@@ -60,23 +63,27 @@ def teacher_forced_diff(model: Transformer, reference: Any, src_ids: np.ndarray,
     return float(diff.abs().max())
 
 
-def compare_with_transformers(source_dir: Path, model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
-                              max_new_tokens: int = 64) -> dict[str, Any]:  # fmt: skip
-    """{'sentences', 'max_abs_log_prob_diff', 'greedy_identical', 'greedy_total', 'first_difference'} over `sentences`."""
-    from transformers import MarianMTModel  # the import extra; only this check loads transformers' model
+def compare_with_transformers(source_dir: Path, model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str], max_new_tokens: int = 64,
+                              prefixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> dict[str, Any]:  # fmt: skip
+    """{'sentences', 'max_abs_log_prob_diff', 'greedy_identical', 'greedy_total', 'first_difference'} over `sentences`.
 
-    reference = MarianMTModel.from_pretrained(str(source_dir)).eval()
+    `prefixes`: the language tokens (before each source, forced first in the target; at most one) of a multilingual model.
+    """
+    from transformers import AutoModelForSeq2SeqLM  # the import extra; only this check loads transformers' model
+
+    reference = AutoModelForSeq2SeqLM.from_pretrained(str(source_dir)).eval()
     config = model.config
+    source_prefix, target_prefix = prefixes
     # Both sides stop where the position table ends (our search clamps there; transformers would fail past it).
     max_new_tokens = min(max_new_tokens, config.max_positions - 1)
-    encoded = [ids[: config.max_positions - 1] for ids in tokenizer.encode_batch(list(sentences))]
+    encoded = [[*source_prefix, *ids][: config.max_positions - 1] for ids in tokenizer.encode_batch(list(sentences))]
     worst, identical, first_difference = 0.0, 0, None
     for start in range(0, len(encoded), BATCH):
         batch = encoded[start : start + BATCH]
         src_ids, src_mask = pad_sources(batch, config.pad_id, config.eos_id)
-        targets = reference_greedy(reference, src_ids, src_mask, config.pad_id, max_new_tokens)
+        targets = reference_greedy(reference, src_ids, src_mask, config.pad_id, max_new_tokens, target_prefix[0] if target_prefix else None)
         worst = max(worst, teacher_forced_diff(model, reference, src_ids, src_mask, targets))
-        options = SearchOptions(beam_size=1, max_output_tokens=max_new_tokens)
+        options = SearchOptions(beam_size=1, max_output_tokens=max_new_tokens, target_prefix=target_prefix)
         ours = generate(TorchStep(model), batch, options, config.bos_id, config.eos_id, config.max_positions)
         for offset, (target, hypotheses) in enumerate(zip(targets, ours, strict=True)):
             if list(hypotheses[0].token_ids) == target:
@@ -85,5 +92,5 @@ def compare_with_transformers(source_dir: Path, model: Transformer, tokenizer: T
                 first_difference = {"sentence": sentences[start + offset][:200], "transformers": target[:40], "ours": list(hypotheses[0].token_ids)[:40]}
     report = {"sentences": len(encoded), "max_abs_log_prob_diff": worst, "greedy_identical": identical, "greedy_total": len(encoded),
               "first_difference": first_difference}  # fmt: skip
-    logger.info("against transformers' MarianMTModel: max |log-prob diff| %.2e, greedy identical %d/%d", worst, identical, len(encoded))
+    logger.info("against transformers' %s: max |log-prob diff| %.2e, greedy identical %d/%d", type(reference).__name__, worst, identical, len(encoded))
     return report

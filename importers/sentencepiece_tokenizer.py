@@ -29,6 +29,7 @@ UNUSED_SCORE = -1e9
 # sentencepiece_model.proto's piece types (NORMAL, USER_DEFINED, BYTE, ...) and model types, as the library numbers them.
 PIECE_TYPE = sentencepiece_model_pb2.ModelProto.SentencePiece
 UNIGRAM = sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+BPE = sentencepiece_model_pb2.TrainerSpec.BPE
 
 
 class TokenizerImportError(ValueError):
@@ -46,12 +47,13 @@ def read_model(path: Path) -> sentencepiece_model_pb2.ModelProto:
     return proto
 
 
-def check_model(proto: sentencepiece_model_pb2.ModelProto, path: Path) -> None:
+def check_model(proto: sentencepiece_model_pb2.ModelProto, path: Path, model_types: tuple[int, ...] = (UNIGRAM,)) -> None:
     """Every SentencePiece option this conversion does not reproduce is refused, all named at once."""
     trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
     problems = []
-    if trainer.model_type != UNIGRAM:
-        problems.append(f"trainer_spec.model_type {trainer.model_type} (only unigram, 1, is supported)")
+    if trainer.model_type not in model_types:
+        names = " or ".join(f"{sentencepiece_model_pb2.TrainerSpec.ModelType.Name(kind).lower()}, {kind}" for kind in model_types)
+        problems.append(f"trainer_spec.model_type {trainer.model_type} (only {names} is supported)")
     if trainer.byte_fallback:
         problems.append("trainer_spec.byte_fallback true")
     if trainer.treat_whitespace_as_suffix:

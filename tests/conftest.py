@@ -82,3 +82,29 @@ def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nmt_serve.bench.random_marian import build_marian_dir
 
     return build_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")
+
+
+@pytest.fixture(scope="session")
+def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Hugging Face NLLB-200 dir (M2M100 architecture, NllbTokenizer over a SentencePiece BPE model trained here)."""
+    pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")
+    pytest.importorskip("sentencepiece", reason="nmt-import needs the import extra (transformers, sentencepiece)")
+    from nmt_serve.bench.random_multilingual import build_multilingual_dir
+
+    return build_multilingual_dir(tmp_path_factory.mktemp("nllb") / "nllb-200-tiny", "nllb", seed=1)
+
+
+@pytest.fixture(scope="session")
+def imported_nllb(nllb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`nllb_dir` through nmt-import nllb (default pair de -> ru), exported to onnx-fp32 and onnx-int8."""
+    from nmt_serve.bench.random_multilingual import multilingual_sentences
+    from nmt_serve.importers.import_command import main as import_main
+    from nmt_serve.model.corpus import write_tsv
+
+    root = tmp_path_factory.mktemp("imported-nllb")
+    test = root / "test.tsv"
+    write_tsv(str(test), [(" ".join(text.split()), "") for text in multilingual_sentences(6, seed=4)])
+    out = root / "nllb-tiny"
+    assert import_main(["nllb", str(nllb_dir), "--out", str(out), "--export", "fp32,int8", "--parity-test", str(test), "--parity-limit", "6",
+                        "--source-language", "de", "--target-language", "ru"]) == 0  # fmt: skip
+    return out

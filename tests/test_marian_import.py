@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from nmt_serve.model.corpus import write_tsv
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.self_check import check_model_dir
+from tests.import_sources import config_variant, refused_import
 from tests.serving import RunningServer, server_settings
 
 pytest.importorskip("transformers", reason="nmt-import needs the import extra")
@@ -121,19 +121,12 @@ def test_imported_model_is_served_over_grpc_as_pytorch_translates_it(imported: P
 
 
 def run_import(source: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert import_main(["marian", str(source), "--out", str(out)]) == 1
-    assert not out.exists() and not [p for p in out.parent.iterdir() if ".importing-" in p.name]
-    return capsys.readouterr().err
+    return refused_import(["marian", str(source)], out, capsys)
 
 
 def test_bad_sources_are_refused_naming_file_and_field(marian_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def variant(name: str, **config_changes: object) -> Path:
-        copy = tmp_path / name
-        shutil.copytree(marian_dir, copy)
-        config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
-        config.update(config_changes)
-        (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        return copy
+        return config_variant(marian_dir, tmp_path / name, **config_changes)
 
     out = tmp_path / "out"
     assert "no such directory" in run_import(tmp_path / "absent", out, capsys)
