@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("texts", nargs="*", help="German texts (default: one per line from stdin)")
     parser.add_argument("--target", default=os.environ.get("NMT_TARGET", DEFAULT_TARGET), help="host:port, env NMT_TARGET")
     parser.add_argument("--model", default="", help="served model to use, by name (default: the server's default model)")
+    parser.add_argument("--source-language", default="", help="language of the texts, BCP 47 or the model's code (default: the model's)")
+    parser.add_argument("--target-language", default="", help="language to translate into, as --source-language (default: the model's)")
     parser.add_argument("--list-models", action="store_true", help="print the served models (name, languages, version, precision) instead of translating; "
                         "the first is the one used without --model")
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: the server's, greedy)")
@@ -109,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       detect_verbatim=False if args.no_detect_verbatim else None, format="html" if args.html else None)  # fmt: skip
     out = sys.stdout
     try:
-        with TranslationClient(args.target, token=args.token, model=args.model) as client:
+        languages = (args.source_language, args.target_language)
+        with TranslationClient(args.target, token=args.token, model=args.model, languages=languages) as client:
             if args.list_models:
                 write_models(out, client.list_models(timeout=args.timeout), args.json)
                 return 0

@@ -52,10 +52,13 @@ class Options:
 
 
 class TranslationClient:
-    """Wraps one channel; use as a context manager or call close(). `model`: the served model to use (empty: the server's default)."""
+    """Wraps one channel; use as a context manager or call close(). `model`: the served model to use (empty: the server's default);
+    `languages`: the (source, target) language codes of every request (empty: the model's defaults)."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None, model: str = "") -> None:
+    def __init__(self, target: str = DEFAULT_TARGET, token: str = "", root_certificate: Path | None = None, model: str = "",
+                 languages: tuple[str, str] = ("", "")) -> None:  # fmt: skip
         self.model = model
+        self.languages = {"source_language": languages[0], "target_language": languages[1]} if any(languages) else {}
         if root_certificate is not None:
             credentials = grpc.ssl_channel_credentials(Path(root_certificate).read_bytes())
             self.channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
@@ -75,12 +78,12 @@ class TranslationClient:
 
     def translate(self, texts: Sequence[str], options: Options = Options(), timeout: float | None = None) -> list[list[pb.Hypothesis]]:
         """n-best hypotheses per text, best first."""
-        request = pb.TranslateRequest(texts=list(texts), options=options.to_proto(), model=self.model)
+        request = pb.TranslateRequest(texts=list(texts), options=options.to_proto(), model=self.model, **self.languages)
         response = self.stub.Translate(request, timeout=timeout, metadata=self.metadata)
         return [list(translation.hypotheses) for translation in response.translations]
 
     def translate_stream(self, text: str, options: Options = Options(), timeout: float | None = None) -> Iterator[pb.TranslateStreamResponse]:
-        request = pb.TranslateStreamRequest(text=text, options=options.to_proto(), model=self.model)
+        request = pb.TranslateStreamRequest(text=text, options=options.to_proto(), model=self.model, **self.languages)
         yield from self.stub.TranslateStream(request, timeout=timeout, metadata=self.metadata)
 
     def model_info(self, timeout: float | None = None) -> pb.ModelInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmt_serve.model.html_text import HtmlDocument, parse_html
+from nmt_serve.model.languages import ModelLanguages, UnknownLanguage
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.sentences import split_spans
 from nmt_serve.model.verbatim import Span, cut, detect, merge, occurrences
@@ -69,6 +70,8 @@ class Source:
 
     text: str
     sentences: tuple[Sentence, ...]
+    # Tokens every sentence's token_ids start with (a multilingual model's language token); the text does not show them.
+    language_tokens: tuple[int, ...] = ()
 
     @property
     def blank(self) -> bool:
@@ -88,17 +91,20 @@ class Source:
 @dataclass(frozen=True)
 class Task:
     sources: tuple[Source, ...]
-    options: SearchOptions
+    options: SearchOptions  # the first sentence's: the target language's token, then the request's target prefix
     # format "html": the request's pages; the sources are their text nodes and alt/title values, page after page.
     documents: tuple[HtmlDocument, ...] | None = None
+    # What every sentence starts its target with: a multilingual model's target-language token (or nothing).
+    language_prefix: tuple[int, ...] = ()
 
 
 class RequestReader:
     """Turns Translate / TranslateStream messages into Tasks for one model's scheduler (the model is already chosen)."""
 
-    def __init__(self, tokenizer: Tokenizer, limits: Limits) -> None:
+    def __init__(self, tokenizer: Tokenizer, limits: Limits, languages: ModelLanguages) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        self.languages = languages
 
     def translate(self, request: pb.TranslateRequest) -> Task:
         count = len(request.texts)
@@ -107,18 +113,22 @@ class RequestReader:
         if count > self.limits.max_texts:
             raise InvalidRequest(f"texts must hold at most {self.limits.max_texts} texts (max_texts, set by nmt-serve --max-texts), got {count}; "
                                  "send fewer texts per request (nmt-translate --batch N sends N per request)")  # fmt: skip
-        return self._task(list(request.texts), request.options, "texts")
+        return self._task(list(request.texts), request.options, "texts", (request.source_language, request.target_language))
 
     def stream(self, request: pb.TranslateStreamRequest) -> Task:
-        return self._task([request.text], request.options, "text")
+        return self._task([request.text], request.options, "text", (request.source_language, request.target_language))
 
-    def _task(self, texts: list[str], options: pb.DecodingOptions, field: str) -> Task:
+    def _task(self, texts: list[str], options: pb.DecodingOptions, field: str, languages: tuple[str, str]) -> Task:
         limit = self.limits.max_chars_per_text
         for index, text in enumerate(texts):
             if len(text) > limit:
                 raise InvalidRequest(f"{self._name(field, index, len(texts))} has {len(text)} characters; the limit is {limit} "
                                      "(max_chars_per_text, set by nmt-serve --max-chars-per-text); split the text into shorter texts")  # fmt: skip
-        search_options = self._options(options)
+        try:
+            source_prefix, target_prefix = self.languages.prefixes(*languages)
+        except UnknownLanguage as error:
+            raise InvalidRequest(str(error)) from None
+        search_options = self._options(options, target_prefix)
         documents = self._documents(texts, options)
         if documents is not None:
             texts = [text for document in documents for text in document.texts]
@@ -146,11 +156,11 @@ class RequestReader:
             sentences = []
             for number, (start, end) in enumerate(text_spans):
                 name = self._name(field, index, len(texts)) + (f" sentence {number}" if split else "")
-                token_ids = tuple(self.tokenizer.encode(text[start:end]))
+                token_ids = (*source_prefix, *self.tokenizer.encode(text[start:end]))
                 self._check_tokens(name, token_ids, search_options)
                 sentences.append(Sentence(start, end, token_ids))
-            sources.append(Source(text, tuple(sentences)))
-        return Task(tuple(sources), search_options, documents)
+            sources.append(Source(text, tuple(sentences), source_prefix))
+        return Task(tuple(sources), search_options, documents, target_prefix)
 
     @staticmethod
     def _documents(texts: list[str], options: pb.DecodingOptions) -> tuple[HtmlDocument, ...] | None:
@@ -215,7 +225,7 @@ class RequestReader:
     def _name(field: str, index: int, count: int) -> str:
         return f"{field}[{index}]" if field == "texts" else field
 
-    def _options(self, options: pb.DecodingOptions) -> SearchOptions:
+    def _options(self, options: pb.DecodingOptions, language_prefix: tuple[int, ...]) -> SearchOptions:
         limits = self.limits
         beam = options.beam_size if options.HasField("beam_size") else 1
         problems = []
@@ -231,7 +241,7 @@ class RequestReader:
                             "(max_chars_per_text, set by nmt-serve --max-chars-per-text)")  # fmt: skip
         if problems:
             raise InvalidRequest("; ".join(problems))
-        prefix = tuple(self.tokenizer.encode(prefix_text)) if prefix_text else ()
+        prefix = (*language_prefix, *self.tokenizer.encode(prefix_text)) if prefix_text else language_prefix
         values = {
             "beam_size": beam,
             "num_hypotheses": options.num_hypotheses if options.HasField("num_hypotheses") else 1,

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from nmt_serve.model.languages import ModelLanguages, load_languages
 from nmt_serve.model.search import FinishReason, Hypothesis, SearchOptions
 from nmt_serve.model.sentences import join
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
@@ -37,7 +38,9 @@ class ServedModel:
         self.name = runtime.manifest.model_name
         self.tokenizer = runtime.tokenizer
         self.limits = Limits.from_settings(settings, runtime.config.max_positions)
-        self.reader = RequestReader(runtime.tokenizer, self.limits)
+        manifest = runtime.manifest
+        self.languages = ModelLanguages(manifest.source_language, manifest.target_language, load_languages(runtime.model_dir))
+        self.reader = RequestReader(runtime.tokenizer, self.limits, self.languages)
 
     @property
     def health_name(self) -> str:
@@ -86,14 +89,15 @@ class ServedModel:
             checked_on=checked.cpu)  # fmt: skip
         return pb.ModelInfo(name=manifest.model_name, version=manifest.model_version, source_language=manifest.source_language,
                             target_language=manifest.target_language, precision=manifest.precision,
-                            execution_provider=self.runtime.provider, limits=pb_limits, host_check=host_check)  # fmt: skip
+                            execution_provider=self.runtime.provider, limits=pb_limits, host_check=host_check,
+                            source_languages=self.languages.source_codes, target_languages=self.languages.target_codes)  # fmt: skip
 
     def _answer(self, group: asyncio.TaskGroup, source: Source, sentence: Sentence, options: SearchOptions,
                 deadline: float) -> asyncio.Future[list[Hypothesis]]:  # fmt: skip
         """The sentence's n-best: from the cache, else a task of `group` that runs it and keeps the answer."""
         text, cached = self._look_up(source, sentence, options)
         if cached is None:
-            return group.create_task(self._translate_sentence(text, sentence, options, deadline))
+            return group.create_task(self._translate_sentence(text, source, sentence, options, deadline))
         answered: asyncio.Future[list[Hypothesis]] = asyncio.get_running_loop().create_future()
         answered.set_result(cached)
         return answered
@@ -101,20 +105,20 @@ class ServedModel:
     def _look_up(self, source: Source, sentence: Sentence, options: SearchOptions) -> tuple[str, list[Hypothesis] | None]:
         """The sentence's text, and its n-best when the cache holds it."""
         text = source.text[sentence.start:sentence.end]
-        return text, (self.cache.get(options, text) if self.cache is not None else None)
+        return text, (self.cache.get(options, text, source.language_tokens) if self.cache is not None else None)
 
-    async def _translate_sentence(self, text: str, sentence: Sentence, options: SearchOptions, deadline: float) -> list[Hypothesis]:
+    async def _translate_sentence(self, text: str, source: Source, sentence: Sentence, options: SearchOptions, deadline: float) -> list[Hypothesis]:
         nbest = await self.scheduler.translate(sentence.token_ids, options, deadline)
         if self.cache is not None:
-            self.cache.put(options, text, nbest)
+            self.cache.put(options, text, nbest, source.language_tokens)
         return nbest
 
     @staticmethod
     def _sentence_options(task: Task, number: int) -> SearchOptions:
-        """The target prefix starts the text, so only its first sentence is forced to it."""
-        if number == 0 or not task.options.target_prefix:
+        """The target prefix starts the text, so only its first sentence is forced to it; every sentence starts with the language token."""
+        if number == 0 or task.options.target_prefix == task.language_prefix:
             return task.options
-        return dataclasses.replace(task.options, target_prefix=())
+        return dataclasses.replace(task.options, target_prefix=task.language_prefix)
 
     async def _stream_sentences(self, source: Source, task: Task, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
         """Every sentence runs at once; greedy sends each one's text in order, the original whitespace between them.
@@ -164,16 +168,16 @@ class ServedModel:
         """A cached sentence's n-best goes into its queue at once (its whole text then leaves as one delta); None then."""
         text, cached = self._look_up(source, sentence, options)
         if cached is None:
-            return asyncio.create_task(self._pump(text, sentence, options, deadline, queue))
+            return asyncio.create_task(self._pump(text, source, sentence, options, deadline, queue))
         queue.put_nowait(cached)
         return None
 
-    async def _pump(self, text: str, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
+    async def _pump(self, text: str, source: Source, sentence: Sentence, options: SearchOptions, deadline: float, queue: asyncio.Queue[Any]) -> None:
         """One sentence's stream into its queue, a failure included, so the sentences ahead of it need not wait."""
         try:
             async for event in self.scheduler.stream(sentence.token_ids, options, deadline):
                 if self.cache is not None and isinstance(event, list):
-                    self.cache.put(options, text, event)
+                    self.cache.put(options, text, event, source.language_tokens)
                 queue.put_nowait(event)
         except Exception as error:  # noqa: BLE001 - handed to the call, which answers with its status
             queue.put_nowait(error)

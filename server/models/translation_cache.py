@@ -48,6 +48,8 @@ class CacheKey:
     model: str  # sha256 of the model dir's manifest.json, which holds the sha256 of every file of the model
     options: SearchOptions  # every option that changes the output, the target prefix's token ids included
     sentence: str  # the exact text the engine translates
+    # Tokens the engine reads before the text: a multilingual model's language token, which the text does not show.
+    source_prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class _Entry:
 
 def entry_bytes(key: CacheKey, nbest: tuple[Hypothesis, ...]) -> int:
     """The bytes an entry counts against the budget: its text, its token ids and a fixed overhead per object."""
-    tokens = len(key.options.target_prefix) + sum(len(hypothesis.token_ids) for hypothesis in nbest)
+    tokens = len(key.options.target_prefix) + len(key.source_prefix) + sum(len(hypothesis.token_ids) for hypothesis in nbest)
     return ENTRY_OVERHEAD_BYTES + len(key.sentence.encode("utf-8")) + HYPOTHESIS_OVERHEAD_BYTES * len(nbest) + TOKEN_BYTES * tokens
 
 
@@ -126,11 +128,11 @@ class ModelCache:
     def __init__(self, cache: TranslationCache, identity: str, observer: CacheObserver) -> None:
         self.cache, self.identity, self.observer = cache, identity, observer
 
-    def get(self, options: SearchOptions, sentence: str) -> list[Hypothesis] | None:
-        return self.cache.get(CacheKey(self.identity, options, sentence), self.observer)
+    def get(self, options: SearchOptions, sentence: str, source_prefix: tuple[int, ...] = ()) -> list[Hypothesis] | None:
+        return self.cache.get(CacheKey(self.identity, options, sentence, source_prefix), self.observer)
 
-    def put(self, options: SearchOptions, sentence: str, nbest: list[Hypothesis]) -> None:
-        self.cache.put(CacheKey(self.identity, options, sentence), nbest, self.observer)
+    def put(self, options: SearchOptions, sentence: str, nbest: list[Hypothesis], source_prefix: tuple[int, ...] = ()) -> None:
+        self.cache.put(CacheKey(self.identity, options, sentence, source_prefix), nbest, self.observer)
 
 
 def model_cache(cache: TranslationCache | None, name: str, model_dir: Path, check: SelfCheckResult | None,

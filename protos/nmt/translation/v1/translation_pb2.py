@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$nmt/translation/v1/translation.proto\x12\x12nmt.translation.v1\"\xd5\x04\n\x0f\x44\x65\x63odingOptions\x12\x16\n\tbeam_size\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0enum_hypotheses\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1e\n\x11min_output_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12!\n\x14no_repeat_ngram_size\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x1a\n\rtarget_prefix\x18\x08 \x01(\tH\x07\x88\x01\x01\x12\x1c\n\x0fsplit_sentences\x18\t \x01(\x08H\x08\x88\x01\x01\x12*\n\x04keep\x18\n \x03(\x0b\x32\x1c.nmt.translation.v1.KeepSpan\x12\x1c\n\x0f\x64\x65tect_verbatim\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x13\n\x06\x66ormat\x18\x0c \x01(\tH\n\x88\x01\x01\x42\x0c\n\n_beam_sizeB\x11\n\x0f_num_hypothesesB\x11\n\x0f_length_penaltyB\x14\n\x12_max_output_tokensB\x14\n\x12_min_output_tokensB\x15\n\x13_repetition_penaltyB\x17\n\x15_no_repeat_ngram_sizeB\x10\n\x0e_target_prefixB\x12\n\x10_split_sentencesB\x12\n\x10_detect_verbatimB\t\n\x07_format\"R\n\x08KeepSpan\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12.\n\x05range\x18\x02 \x01(\x0b\x32\x1d.nmt.translation.v1.CharRangeH\x00\x42\x06\n\x04span\"\'\n\tCharRange\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"w\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0btoken_count\x18\x03 \x01(\x05\x12\x37\n\rfinish_reason\x18\x04 \x01(\x0e\x32 .nmt.translation.v1.FinishReason\"A\n\x0bTranslation\x12\x32\n\nhypotheses\x18\x01 \x03(\x0b\x32\x1e.nmt.translation.v1.Hypothesis\"f\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x34\n\x07options\x18\x02 \x01(\x0b\x32#.nmt.translation.v1.DecodingOptions\x12\r\n\x05model\x18\x03 \x01(\t\"Y\n\x11TranslateResponse\x12\x35\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x1f.nmt.translation.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\"k\n\x16TranslateStreamRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x34\n\x07options\x18\x02 \x01(\x0b\x32#.nmt.translation.v1.DecodingOptions\x12\r\n\x05model\x18\x03 \x01(\t\"p\n\x17TranslateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\r\n\x05\x66inal\x18\x02 \x01(\x08\x12\x32\n\nhypotheses\x18\x03 \x03(\x0b\x32\x1e.nmt.translation.v1.Hypothesis\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\"Z\n\x12ListModelsResponse\x12-\n\x06models\x18\x01 \x03(\x0b\x32\x1d.nmt.translation.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"\x96\x02\n\x06Limits\x12\x11\n\tmax_texts\x18\x01 \x01(\x05\x12\x1a\n\x12max_chars_per_text\x18\x02 \x01(\x05\x12\x19\n\x11max_source_tokens\x18\x03 \x01(\x05\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x05\x12\x15\n\rmax_beam_size\x18\x05 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x05\x12\x1b\n\x13max_queued_requests\x18\x07 \x01(\x05\x12 \n\x18\x64\x65\x66\x61ult_deadline_seconds\x18\x08 \x01(\x02\x12\x1e\n\x16max_sentences_per_text\x18\t \x01(\x05\x12\x16\n\x0emax_keep_spans\x18\n \x01(\x05\"\xea\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12\x11\n\tprecision\x18\x05 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x06 \x01(\t\x12*\n\x06limits\x18\x07 \x01(\x0b\x32\x1a.nmt.translation.v1.Limits\x12\x31\n\nhost_check\x18\x08 \x01(\x0b\x32\x1d.nmt.translation.v1.HostCheck\"o\n\tHostCheck\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x08\x12\x19\n\x11max_log_prob_diff\x18\x02 \x01(\x01\x12\r\n\x05\x62ound\x18\x03 \x01(\x01\x12\x13\n\x0b\x65xported_on\x18\x04 \x01(\t\x12\x12\n\nchecked_on\x18\x05 \x01(\t*^\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\x91\x03\n\x12TranslationService\x12X\n\tTranslate\x12$.nmt.translation.v1.TranslateRequest\x1a%.nmt.translation.v1.TranslateResponse\x12l\n\x0fTranslateStream\x12*.nmt.translation.v1.TranslateStreamRequest\x1a+.nmt.translation.v1.TranslateStreamResponse0\x01\x12V\n\x0cGetModelInfo\x12\'.nmt.translation.v1.GetModelInfoRequest\x1a\x1d.nmt.translation.v1.ModelInfo\x12[\n\nListModels\x12%.nmt.translation.v1.ListModelsRequest\x1a&.nmt.translation.v1.ListModelsResponseB\xa2\x01\n\x12nmt.translation.v1B\x10TranslationProtoP\x01Z1nmt-serve/gen/go/nmt/translation/v1;translationv1\xa2\x02\x03NTX\xaa\x02\x12Nmt.Translation.V1\xca\x02\x12Nmt\\Translation\\V1\xea\x02\x14Nmt::Translation::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$nmt/translation/v1/translation.proto\x12\x12nmt.translation.v1\"\xd5\x04\n\x0f\x44\x65\x63odingOptions\x12\x16\n\tbeam_size\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0enum_hypotheses\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1e\n\x11min_output_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12!\n\x14no_repeat_ngram_size\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x1a\n\rtarget_prefix\x18\x08 \x01(\tH\x07\x88\x01\x01\x12\x1c\n\x0fsplit_sentences\x18\t \x01(\x08H\x08\x88\x01\x01\x12*\n\x04keep\x18\n \x03(\x0b\x32\x1c.nmt.translation.v1.KeepSpan\x12\x1c\n\x0f\x64\x65tect_verbatim\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x13\n\x06\x66ormat\x18\x0c \x01(\tH\n\x88\x01\x01\x42\x0c\n\n_beam_sizeB\x11\n\x0f_num_hypothesesB\x11\n\x0f_length_penaltyB\x14\n\x12_max_output_tokensB\x14\n\x12_min_output_tokensB\x15\n\x13_repetition_penaltyB\x17\n\x15_no_repeat_ngram_sizeB\x10\n\x0e_target_prefixB\x12\n\x10_split_sentencesB\x12\n\x10_detect_verbatimB\t\n\x07_format\"R\n\x08KeepSpan\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12.\n\x05range\x18\x02 \x01(\x0b\x32\x1d.nmt.translation.v1.CharRangeH\x00\x42\x06\n\x04span\"\'\n\tCharRange\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"w\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0btoken_count\x18\x03 \x01(\x05\x12\x37\n\rfinish_reason\x18\x04 \x01(\x0e\x32 .nmt.translation.v1.FinishReason\"A\n\x0bTranslation\x12\x32\n\nhypotheses\x18\x01 \x03(\x0b\x32\x1e.nmt.translation.v1.Hypothesis\"\xca\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x34\n\x07options\x18\x02 \x01(\x0b\x32#.nmt.translation.v1.DecodingOptions\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1c\n\x0fsource_language\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1c\n\x0ftarget_language\x18\x05 \x01(\tH\x01\x88\x01\x01\x42\x12\n\x10_source_languageB\x12\n\x10_target_language\"Y\n\x11TranslateResponse\x12\x35\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x1f.nmt.translation.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\"\xcf\x01\n\x16TranslateStreamRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x34\n\x07options\x18\x02 \x01(\x0b\x32#.nmt.translation.v1.DecodingOptions\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1c\n\x0fsource_language\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1c\n\x0ftarget_language\x18\x05 \x01(\tH\x01\x88\x01\x01\x42\x12\n\x10_source_languageB\x12\n\x10_target_language\"p\n\x17TranslateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\r\n\x05\x66inal\x18\x02 \x01(\x08\x12\x32\n\nhypotheses\x18\x03 \x03(\x0b\x32\x1e.nmt.translation.v1.Hypothesis\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\"Z\n\x12ListModelsResponse\x12-\n\x06models\x18\x01 \x03(\x0b\x32\x1d.nmt.translation.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"\x96\x02\n\x06Limits\x12\x11\n\tmax_texts\x18\x01 \x01(\x05\x12\x1a\n\x12max_chars_per_text\x18\x02 \x01(\x05\x12\x19\n\x11max_source_tokens\x18\x03 \x01(\x05\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x05\x12\x15\n\rmax_beam_size\x18\x05 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x05\x12\x1b\n\x13max_queued_requests\x18\x07 \x01(\x05\x12 \n\x18\x64\x65\x66\x61ult_deadline_seconds\x18\x08 \x01(\x02\x12\x1e\n\x16max_sentences_per_text\x18\t \x01(\x05\x12\x16\n\x0emax_keep_spans\x18\n \x01(\x05\"\x9e\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12\x11\n\tprecision\x18\x05 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x06 \x01(\t\x12*\n\x06limits\x18\x07 \x01(\x0b\x32\x1a.nmt.translation.v1.Limits\x12\x31\n\nhost_check\x18\x08 \x01(\x0b\x32\x1d.nmt.translation.v1.HostCheck\x12\x18\n\x10source_languages\x18\t \x03(\t\x12\x18\n\x10target_languages\x18\n \x03(\t\"o\n\tHostCheck\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x08\x12\x19\n\x11max_log_prob_diff\x18\x02 \x01(\x01\x12\r\n\x05\x62ound\x18\x03 \x01(\x01\x12\x13\n\x0b\x65xported_on\x18\x04 \x01(\t\x12\x12\n\nchecked_on\x18\x05 \x01(\t*^\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\x91\x03\n\x12TranslationService\x12X\n\tTranslate\x12$.nmt.translation.v1.TranslateRequest\x1a%.nmt.translation.v1.TranslateResponse\x12l\n\x0fTranslateStream\x12*.nmt.translation.v1.TranslateStreamRequest\x1a+.nmt.translation.v1.TranslateStreamResponse0\x01\x12V\n\x0cGetModelInfo\x12\'.nmt.translation.v1.GetModelInfoRequest\x1a\x1d.nmt.translation.v1.ModelInfo\x12[\n\nListModels\x12%.nmt.translation.v1.ListModelsRequest\x1a&.nmt.translation.v1.ListModelsResponseB\xa2\x01\n\x12nmt.translation.v1B\x10TranslationProtoP\x01Z1nmt-serve/gen/go/nmt/translation/v1;translationv1\xa2\x02\x03NTX\xaa\x02\x12Nmt.Translation.V1\xca\x02\x12Nmt\\Translation\\V1\xea\x02\x14Nmt::Translation::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,8 +32,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nmt_serve.protos.nmt.transl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\022nmt.translation.v1B\020TranslationProtoP\001Z1nmt-serve/gen/go/nmt/translation/v1;translationv1\242\002\003NTX\252\002\022Nmt.Translation.V1\312\002\022Nmt\\Translation\\V1\352\002\024Nmt::Translation::V1'
-  _globals['_FINISHREASON']._serialized_start=2173
-  _globals['_FINISHREASON']._serialized_end=2267
+  _globals['_FINISHREASON']._serialized_start=2427
+  _globals['_FINISHREASON']._serialized_end=2521
   _globals['_DECODINGOPTIONS']._serialized_start=61
   _globals['_DECODINGOPTIONS']._serialized_end=658
   _globals['_KEEPSPAN']._serialized_start=660
@@ -44,26 +44,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HYPOTHESIS']._serialized_end=904
   _globals['_TRANSLATION']._serialized_start=906
   _globals['_TRANSLATION']._serialized_end=971
-  _globals['_TRANSLATEREQUEST']._serialized_start=973
-  _globals['_TRANSLATEREQUEST']._serialized_end=1075
-  _globals['_TRANSLATERESPONSE']._serialized_start=1077
-  _globals['_TRANSLATERESPONSE']._serialized_end=1166
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1168
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1275
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1277
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1389
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1391
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1427
-  _globals['_LISTMODELSREQUEST']._serialized_start=1429
-  _globals['_LISTMODELSREQUEST']._serialized_end=1448
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1450
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1540
-  _globals['_LIMITS']._serialized_start=1543
-  _globals['_LIMITS']._serialized_end=1821
-  _globals['_MODELINFO']._serialized_start=1824
-  _globals['_MODELINFO']._serialized_end=2058
-  _globals['_HOSTCHECK']._serialized_start=2060
-  _globals['_HOSTCHECK']._serialized_end=2171
-  _globals['_TRANSLATIONSERVICE']._serialized_start=2270
-  _globals['_TRANSLATIONSERVICE']._serialized_end=2671
+  _globals['_TRANSLATEREQUEST']._serialized_start=974
+  _globals['_TRANSLATEREQUEST']._serialized_end=1176
+  _globals['_TRANSLATERESPONSE']._serialized_start=1178
+  _globals['_TRANSLATERESPONSE']._serialized_end=1267
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1270
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1477
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1479
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1591
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1593
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1629
+  _globals['_LISTMODELSREQUEST']._serialized_start=1631
+  _globals['_LISTMODELSREQUEST']._serialized_end=1650
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1652
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1742
+  _globals['_LIMITS']._serialized_start=1745
+  _globals['_LIMITS']._serialized_end=2023
+  _globals['_MODELINFO']._serialized_start=2026
+  _globals['_MODELINFO']._serialized_end=2312
+  _globals['_HOSTCHECK']._serialized_start=2314
+  _globals['_HOSTCHECK']._serialized_end=2425
+  _globals['_TRANSLATIONSERVICE']._serialized_start=2524
+  _globals['_TRANSLATIONSERVICE']._serialized_end=2925
 # @@protoc_insertion_point(module_scope)

@@ -79,14 +79,18 @@ class Translation(_message.Message):
     def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "options", "model")
+    __slots__ = ("texts", "options", "model", "source_language", "target_language")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     model: str
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("translations", "model")
@@ -97,14 +101,18 @@ class TranslateResponse(_message.Message):
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("text", "options", "model")
+    __slots__ = ("text", "options", "model", "source_language", "target_language")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     text: str
     options: DecodingOptions
     model: str
-    def __init__(self, text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
     __slots__ = ("text_delta", "final", "hypotheses")
@@ -159,7 +167,7 @@ class Limits(_message.Message):
     def __init__(self, max_texts: _Optional[int] = ..., max_chars_per_text: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., default_deadline_seconds: _Optional[float] = ..., max_sentences_per_text: _Optional[int] = ..., max_keep_spans: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits", "host_check")
+    __slots__ = ("name", "version", "source_language", "target_language", "precision", "execution_provider", "limits", "host_check", "source_languages", "target_languages")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +176,8 @@ class ModelInfo(_message.Message):
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     HOST_CHECK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     source_language: str
@@ -176,7 +186,9 @@ class ModelInfo(_message.Message):
     execution_provider: str
     limits: Limits
     host_check: HostCheck
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., precision: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., host_check: _Optional[_Union[HostCheck, _Mapping]] = ...) -> None: ...
+    source_languages: _containers.RepeatedScalarFieldContainer[str]
+    target_languages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., precision: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., host_check: _Optional[_Union[HostCheck, _Mapping]] = ..., source_languages: _Optional[_Iterable[str]] = ..., target_languages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HostCheck(_message.Message):
     __slots__ = ("checked", "max_log_prob_diff", "bound", "exported_on", "checked_on")
