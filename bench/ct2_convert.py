@@ -82,6 +82,12 @@ def set_decoder_layer(spec: transformer_spec.TransformerDecoderLayerSpec, layer:
 def build_spec(model: Transformer) -> transformer_spec.TransformerSpec:
     """A TransformerSpec with every weight of `model` set (vocabularies and config left to the caller)."""
     config = model.config
+    # The spec below is this project's own architecture; imported ones go through CTranslate2's own converters.
+    unsupported = {"pre_norm": config.pre_norm, "activation": config.activation != "relu", "position_offset": config.position_offset,
+                   "output_bias": config.output_bias, "banned_ids": config.banned_ids}  # fmt: skip
+    named = [f"{name}={getattr(config, name)!r}" for name, differs in unsupported.items() if differs]
+    if named:
+        raise ValueError(f"cannot convert {', '.join(named)}: this converter writes post-norm relu models without output bias or banned ids")
     spec = transformer_spec.TransformerSpec.from_config(
         (config.n_encoder_layers, config.n_decoder_layers),
         config.n_heads,

@@ -166,3 +166,11 @@ def test_convert_checkpoint_int8_translates(checkpoint_dir: Path, tmp_path: Path
     results = translator.translate_batch([to_tokens(vocabulary, s) for s in sources], beam_size=1,
                                          max_decoding_length=MAX_TOKENS, min_decoding_length=MAX_TOKENS - 1)
     assert [len(result.hypotheses[0]) >= MAX_TOKENS - 1 for result in results] == [True] * len(sources)
+
+
+def test_build_spec_refuses_what_it_does_not_convert() -> None:
+    from nmt_serve.bench.ct2_convert import build_spec
+
+    config = dataclasses.replace(PRESETS["tiny"], pre_norm=True, activation="gelu")
+    with pytest.raises(ValueError, match=r"cannot convert pre_norm=True, activation='gelu'"):
+        build_spec(Transformer(config))
