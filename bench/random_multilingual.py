@@ -56,8 +56,8 @@ NLLB_600M_SHAPE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encod
                        encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)  # fmt: skip
 
 
-def write_nllb_tokenizer(out: Path, texts: Sequence[str], piece_count: int, model_type: str) -> int:
-    """sentencepiece.bpe.model and the files NllbTokenizer.save_pretrained writes; returns the vocabulary size."""
+def write_nllb_tokenizer(out: Path, texts: Sequence[str], piece_count: int, model_type: str) -> tuple[int, list[int]]:
+    """sentencepiece.bpe.model and the files NllbTokenizer.save_pretrained writes; returns the vocabulary size and the codes' ids."""
     from transformers import NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
@@ -71,11 +71,11 @@ def write_nllb_tokenizer(out: Path, texts: Sequence[str], piece_count: int, mode
     for path in spm_dir.iterdir():
         path.unlink()
     spm_dir.rmdir()
-    return len(tokenizer)
+    return len(tokenizer), tokenizer.convert_tokens_to_ids(list(FAIRSEQ_LANGUAGE_CODES))
 
 
-def write_m2m100_tokenizer(out: Path, texts: Sequence[str], piece_count: int, model_type: str) -> int:
-    """sentencepiece.bpe.model, vocab.json (fairseq's four specials, then the pieces) and tokenizer_config.json."""
+def write_m2m100_tokenizer(out: Path, texts: Sequence[str], piece_count: int, model_type: str) -> tuple[int, list[int]]:
+    """sentencepiece.bpe.model, vocab.json (fairseq's four specials, then the pieces) and tokenizer_config.json; returns as write_nllb_tokenizer."""
     import sentencepiece
     from transformers import M2M100Tokenizer
 
@@ -88,7 +88,7 @@ def write_m2m100_tokenizer(out: Path, texts: Sequence[str], piece_count: int, mo
     tokenizer = M2M100Tokenizer(str(out / "vocab.json"), str(out / "sentencepiece.bpe.model"))
     tokenizer.save_pretrained(str(out))
     # The model's ids: vocab.json's, then one per language code, then fairseq's "madeupword" fillers.
-    return tokenizer.encoder_size + len(tokenizer.lang_code_to_id) + tokenizer.num_madeup_words
+    return tokenizer.encoder_size + len(tokenizer.lang_code_to_id) + tokenizer.num_madeup_words, list(tokenizer.lang_code_to_id.values())
 
 
 def build_multilingual_dir(out: Path, family: str, seed: int = 0, model_type: str = "bpe", piece_count: int = 160,
@@ -100,17 +100,22 @@ def build_multilingual_dir(out: Path, family: str, seed: int = 0, model_type: st
     out.mkdir(parents=True, exist_ok=True)
     texts = multilingual_sentences(600, seed)
     writer = write_nllb_tokenizer if family == "nllb" else write_m2m100_tokenizer
-    vocab_size = writer(out, texts, piece_count, model_type)
+    vocab_size, code_ids = writer(out, texts, piece_count, model_type)
     settings: dict[str, object] = dict(vocab_size=vocab_size, **TINY_SHAPE, activation_function="relu", scale_embedding=True, pad_token_id=1,
                                        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0)  # fmt: skip
     settings.update(config_overrides)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(M2M100Config(**settings))
-    with torch.no_grad():  # init_std 0.02 leaves every logit ~0; this spread gives the outputs a real argmax
+    with torch.no_grad():
+        # init_std 0.02 leaves every logit ~0 and the residual stream to the token fed, so greedy repeats it;
+        # these spreads give outputs a clear argmax that moves with the input and the target language.
         model.model.shared.weight.normal_(0.0, 1.0)
-        for name, parameter in model.named_parameters():  # LayerNorms away from (1, 0), so a misplaced norm shows
-            if "layer_norm" in name:
+        model.model.shared.weight[code_ids] *= 0.1  # 202 codes among ~360 ids would otherwise fill the outputs
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:  # away from (1, 0), so a misplaced norm shows
                 parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
+            elif name.endswith("weight") and ("proj" in name or ".fc" in name):
+                parameter.normal_(0.0, 0.35)
     model.save_pretrained(str(out))
     return out
 
