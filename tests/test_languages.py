@@ -77,7 +77,8 @@ def pytorch_translation(checkpoint_dir: Path, text: str, pair: tuple[str, str]) 
 
 @pytest.fixture(scope="module")
 def nllb_server(imported_nllb: Path) -> Iterator[RunningServer]:
-    with RunningServer(http_settings(imported_nllb / "onnx-fp32")) as server:
+    # One engine: requests spread over several engines would never share a step.
+    with RunningServer(http_settings(imported_nllb / "onnx-fp32", engines=1)) as server:
         yield server
 
 
@@ -135,7 +136,7 @@ def test_one_engine_step_holds_rows_of_different_target_languages(nllb_server: R
     token_ids = LanguageTokens.load(imported_nllb / "languages.json").target
     text = "Haus дом 你好"
     server = nllb_server.server
-    engine = server.models[0].scheduler.engines[0]
+    engine = server.models.resolve("").scheduler.engines[0]
     fed: list[set[int]] = []  # the tokens every step fed its rows
     advance = engine._advance
 
