@@ -78,7 +78,8 @@ def pytorch_translation(checkpoint_dir: Path, text: str, pair: tuple[str, str]) 
 @pytest.fixture(scope="module")
 def nllb_server(imported_nllb: Path) -> Iterator[RunningServer]:
     # One engine: requests spread over several engines would never share a step.
-    with RunningServer(http_settings(imported_nllb / "onnx-fp32", engines=1)) as server:
+    # The translation cache on: it must keep the answers of different source languages apart.
+    with RunningServer(http_settings(imported_nllb / "onnx-fp32", engines=1, cache_mb=8)) as server:
         yield server
 
 
