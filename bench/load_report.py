@@ -34,7 +34,10 @@ class ServerProcess:
     `module` that takes --port and --port-file (no model dir)."""
 
     def __init__(self, model_dir: Path | None, work: Path, *flags: str, module: str = "nmt_serve.server.main") -> None:
-        arguments = ["-m", module, *([str(model_dir), "--metrics-port", "-1"] if model_dir is not None else []), *flags]
+        # A benchmark's texts repeat, and the translation cache would answer them without the model: servers measure
+        # the model's work unless the benchmark sets --cache-mb itself (nmt-cache-report).
+        cache = ["--cache-mb", "0"] if model_dir is not None and "--cache-mb" not in flags else []
+        arguments = ["-m", module, *([str(model_dir), "--metrics-port", "-1", *cache] if model_dir is not None else []), *flags]
         port_file = work / f"port-{time.monotonic_ns()}"
         self.log = work / f"{port_file.name}.log"
         self.process = subprocess.Popen([sys.executable, *arguments, "--port", "0", "--port-file", str(port_file)],
