@@ -85,6 +85,20 @@ def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def imported_marian(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`marian_dir` through nmt-import marian, exported to onnx-fp32 and onnx-int8 (parity on 6 generated sentences)."""
+    from nmt_serve.bench.random_marian import german_sentences
+    from nmt_serve.importers.import_command import main as import_main
+
+    root = tmp_path_factory.mktemp("imported")
+    test = root / "test.tsv"
+    write_tsv(str(test), [(text, "") for text in german_sentences(6, seed=4)])
+    out = root / "opus-mt-de-en"
+    assert import_main(["marian", str(marian_dir), "--out", str(out), "--export", "fp32,int8", "--parity-test", str(test), "--parity-limit", "6"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Hugging Face NLLB-200 dir (M2M100 architecture, NllbTokenizer over a SentencePiece BPE model trained here)."""
     pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")

@@ -10,7 +10,6 @@ import pytest
 
 from nmt_serve.bench.random_marian import build_marian_dir, german_sentences
 from nmt_serve.model.checkpoint import load_checkpoint
-from nmt_serve.model.corpus import write_tsv
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.self_check import check_model_dir
@@ -55,33 +54,23 @@ def smallest_greedy_margin(model: Any, tokenizer: Any, sentences: list[str], max
     return smallest
 
 
-@pytest.fixture(scope="module")
-def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("imported")
-    test = root / "test.tsv"
-    write_tsv(str(test), [(text, "") for text in german_sentences(6, seed=4)])
-    out = root / "opus-mt-de-en"
-    assert import_main(["marian", str(marian_dir), "--out", str(out), "--export", "fp32,int8", "--parity-test", str(test), "--parity-limit", "6"]) == 0
-    return out
-
-
-def test_import_writes_a_checkpoint_with_its_record(imported: Path, marian_dir: Path) -> None:
-    assert {"config.json", "model.safetensors", "tokenizer.json", "target_tokenizer.json", "import.json"} <= {p.name for p in imported.iterdir()}
-    record = json.loads((imported / "import.json").read_text(encoding="utf-8"))
+def test_import_writes_a_checkpoint_with_its_record(imported_marian: Path, marian_dir: Path) -> None:
+    assert {"config.json", "model.safetensors", "tokenizer.json", "target_tokenizer.json", "import.json"} <= {p.name for p in imported_marian.iterdir()}
+    record = json.loads((imported_marian / "import.json").read_text(encoding="utf-8"))
     assert record["kind"] == "marian" and record["source"] == str(marian_dir)
     assert (record["source_language"], record["target_language"]) == ("de", "en")
     assert set(record["files"]) >= {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json"}
     parity = record["parity_with_transformers"]
-    checkpoint = load_checkpoint(imported)
+    checkpoint = load_checkpoint(imported_marian)
     assert smallest_greedy_margin(checkpoint.model, checkpoint.tokenizer, german_sentences(6, seed=4), 64) > MARGIN
     assert parity["max_abs_log_prob_diff"] <= LOG_PROB_BOUND
     assert parity["greedy_identical"] == parity["greedy_total"] == 6
-    assert not [path for path in imported.parent.iterdir() if ".importing-" in path.name or ".exporting" in path.name]
+    assert not [path for path in imported_marian.parent.iterdir() if ".importing-" in path.name or ".exporting" in path.name]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_exported_dirs_verify_and_pass_parity(imported: Path, precision: str) -> None:
-    model_dir = imported / f"onnx-{precision}"
+def test_exported_dirs_verify_and_pass_parity(imported_marian: Path, precision: str) -> None:
+    model_dir = imported_marian / f"onnx-{precision}"
     manifest = load_model_dir(model_dir)
     assert "target_tokenizer.json" in manifest.files and (manifest.source_language, manifest.target_language) == ("de", "en")
     assert manifest.config.banned_ids == (manifest.config.pad_id,) and manifest.config.activation == "swish"
@@ -106,14 +95,14 @@ def test_pytorch_import_matches_transformers_for_every_activation_and_scale(tmp_
         assert report["greedy_identical"] == report["greedy_total"] == 20, report["first_difference"]
 
 
-def test_imported_model_is_served_over_grpc_as_pytorch_translates_it(imported: Path) -> None:
+def test_imported_model_is_served_over_grpc_as_pytorch_translates_it(imported_marian: Path) -> None:
     from nmt_serve.model.evaluate import translate
     from nmt_serve.model.search import SearchOptions
 
     texts = german_sentences(4, seed=12)
-    checkpoint = load_checkpoint(imported)
+    checkpoint = load_checkpoint(imported_marian)
     expected = translate(checkpoint.model, checkpoint.tokenizer, texts, SearchOptions(beam_size=1))
-    with RunningServer(server_settings(imported / "onnx-fp32")) as running:
+    with RunningServer(server_settings(imported_marian / "onnx-fp32")) as running:
         channel, stub = running.stub()
         with channel:
             reply = stub.Translate(pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(split_sentences=False)), timeout=60)

@@ -12,7 +12,6 @@ import grpc
 import pytest
 
 from nmt_serve.bench.balancer import free_port
-from nmt_serve.model.corpus import write_tsv
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, held_engines, server_settings
 
@@ -114,16 +113,9 @@ def test_model_info_reports_the_keep_limit(served: RunningServer) -> None:
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_keep_spans == 64
 
 
-def test_spans_survive_on_an_imported_model(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_spans_survive_on_an_imported_model(imported_marian: Path) -> None:
     """The same mechanism on a model imported with nmt-import (a tiny random Marian model): no model learns to copy anything."""
-    from nmt_serve.bench.random_marian import german_sentences
-    from nmt_serve.importers.import_command import main as import_main
-
-    root = tmp_path_factory.mktemp("imported-verbatim")
-    test = root / "test.tsv"
-    write_tsv(str(test), [(text, "") for text in german_sentences(4, seed=4)])
-    out = root / "opus-mt-de-en"
-    assert import_main(["marian", str(marian_dir), "--out", str(out), "--export", "fp32", "--parity-test", str(test), "--parity-limit", "4"]) == 0
+    out = imported_marian
     with RunningServer(server_settings(out / "onnx-fp32")) as server:
         translations = translate(server, list(TEXTS))
     for spans, translation in zip(TEXTS.values(), translations, strict=True):
