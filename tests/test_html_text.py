@@ -4,6 +4,7 @@ text node and alt/title value is handed out once, and code, pre, script, style a
 from __future__ import annotations
 
 import glob
+import os
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,7 +23,8 @@ PAGE = """<!DOCTYPE html>
   <a href="https://x.org" title='Link &quot;da&quot;'>Hier</a>
 </body></html>"""
 # Real pages from Debian packages' documentation, where installed.
-REAL_PAGES = sorted(glob.glob("/usr/share/doc/*/html/*.html") + glob.glob("/usr/share/doc/*/*.html"))[:40]
+# Some packages install a directory named *.html (libexpat1-dev's expat.html): pages are files only.
+REAL_PAGES = sorted(path for path in glob.glob("/usr/share/doc/*/html/*.html") + glob.glob("/usr/share/doc/*/*.html") if os.path.isfile(path))[:40]
 
 
 class Tree(HTMLParser):

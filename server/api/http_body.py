@@ -55,7 +55,9 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
     every check that could refuse its call."""
     wait_s = deadline - time.monotonic()
     if wait_s <= 0:
-        raise HttpAbort(REQUEST_TIMEOUT, "the call's deadline passed before its request body was read")
+        # Nothing was waited for: the deadline ran out on the server's side of the call (a busy loop, a deadline of a
+        # millisecond), which gRPC also answers DEADLINE_EXCEEDED. REQUEST_TIMEOUT is kept for a body that was late.
+        raise HttpAbort(grpc.StatusCode.DEADLINE_EXCEEDED.name, "the call's deadline passed before its request body was read")
     if request.headers.get("Expect", "").lower() == CONTINUE and request.version >= (1, 1):
         await request.writer.write(b"HTTP/%d.%d 100 Continue\r\n\r\n" % request.version)
     try:
