@@ -28,9 +28,13 @@ def available_providers() -> list[str]:
     return [*cuda, "CPUExecutionProvider"]
 
 
-def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0) -> ort.InferenceSession:
+def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0, profile_prefix: str = "") -> ort.InferenceSession:
+    """profile_prefix: where ONNX Runtime writes its per-node profile (PREFIX_<date>.json, at end_profiling); empty = off."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
     chosen = list(providers or available_providers())
     # ONNX Runtime's CPU SkipLayerNormalization kernel is ~4x slower per row than the Add + LayerNormalization

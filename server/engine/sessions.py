@@ -25,6 +25,7 @@ class RuntimeSettings:
     intra_op_threads: int = 0  # 0 = one per core
     warmup_rows: int = 64  # the largest decoder batch warm-up runs before the engine reports ready
     warmup_src_len: int = 64
+    decoder_profile_prefix: str = ""  # ONNX Runtime's per-node profile of the decoder (bench/step_profile.py); empty = off
 
 
 class Runtime:
@@ -37,7 +38,8 @@ class Runtime:
         self.tokenizer = Tokenizer.load(self.model_dir)
         providers = list(settings.providers) or available_providers()
         self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
-        self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads)
+        self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads,
+                                    settings.decoder_profile_prefix)
         self.provider = self.decoder.get_providers()[0]
         self.cross_names = list(self.manifest.output_names("encoder"))
         self.settings = settings
