@@ -27,7 +27,8 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     onnx.save(model.model, str(target))
 
 
-INT8_SCHEMES = ("u8s8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
+INT8_SCHEMES = ("u8s8-rows", "u8u8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
+ROW_SCHEMES = ("u8s8-rows", "u8u8-rows")  # activations quantized per row (export/row_quantization.py)
 DEFAULT_INT8_SCHEME = INT8_SCHEMES[0]
 OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
 
@@ -40,6 +41,10 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
       max|x| / 127, and zero point 128 (export/row_quantization.py), so a row's int8 input, and with exact
       integer products its result, does not depend on the other rows of the call: a request's output
       is the same alone or batched with any others. 7-bit signed weights as in u8s8-reduce-range.
+    - u8u8-rows: the same per-row activations with 8-bit unsigned weights (a zero point per column), multiplied
+      in 16-bit lanes that accumulate in 32 bits, so exact on every x86 kernel: the 8th weight bit brings it
+      closer to fp32 than u8s8-rows (7 bits cost about as much agreement with fp32 as all the activation
+      quantization), at the cost of the u8s8 kernels (VNNI's included).
     - u8s8-reduce-range: one scale for the whole activation tensor (ONNX Runtime's DynamicQuantizeLinear),
       so a row's result depends on the rows it is batched with. 7-bit signed weights: x86 kernels without
       VNNI add pairs of u8 x s8 products in saturating 16-bit lanes; with 7 bits a pair is at most
@@ -75,13 +80,13 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         if scheme in ("w8-fp32", "w8a8-rows"):
             quantize_weights_blockwise(prepared, prepared, accuracy_level=4 if scheme == "w8a8-rows" else None)
             op_types = ["Gather"]
-        weight_type = QuantType.QUInt8 if scheme == "u8u8" else QuantType.QInt8
+        weight_type = QuantType.QUInt8 if scheme in ("u8u8", "u8u8-rows") else QuantType.QInt8
         excluded = [OUTPUT_PROJECTION] if scheme == "u8s8-fp32-logits" else []
         # Shape inference knows nothing of the contrib attention ops' outputs: they are float.
         quantize_dynamic(str(prepared), str(target), weight_type=weight_type, per_channel=True, op_types_to_quantize=op_types,
                          reduce_range=scheme in ("u8s8-reduce-range", "u8s8-rows"), nodes_to_exclude=excluded,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
-        if scheme == "u8s8-rows":
+        if scheme in ROW_SCHEMES:
             model = onnx.load(str(target))
             quantize_rows(model)
             onnx.save(model, str(target))

@@ -53,19 +53,20 @@ def test_int8_per_tensor_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Pat
     assert np.abs(y - x @ weight).max() <= 0.01 * np.abs(x @ weight).max()
 
 
-def test_int8_default_scheme_quantizes_each_row_on_its_own_grid_exactly(tmp_path: Path) -> None:
-    """u8s8-rows: a row whose largest |x| is 127 has scale 1, so integer activations are on its grid and the
-    quantized product is an exact integer sum times the weight scales, whatever the other rows hold (here
-    rows a thousand times larger). Activations near +127 become u8 values near 255 and the weights have one
-    sign per column: what saturating 16-bit kernels would get wrong with 8-bit weights."""
+@pytest.mark.parametrize(("scheme", "weight_levels"), [("u8s8-rows", 64), ("u8u8-rows", 255)])
+def test_int8_row_schemes_quantize_each_row_on_its_own_grid_exactly(tmp_path: Path, scheme: str, weight_levels: int) -> None:
+    """Per-row activations (u8s8-rows, the default, and u8u8-rows): a row whose largest |x| is 127 has scale 1, so
+    integer activations are on its grid and the quantized product is an exact integer sum times the weight scales,
+    whatever the other rows hold (here rows a thousand times larger). Activations near +127 become u8 values near
+    255 and the weights have one sign per column: what saturating 16-bit kernels would get wrong with 8-bit signed
+    weights (u8s8-rows keeps 7 bits; u8u8-rows has 8 unsigned bits, summed in 32-bit lanes)."""
     rng = np.random.default_rng(0)
     weight = rng.uniform(0.5, 1.0, size=(DEPTH, COLUMNS)).astype(np.float32)
     weight[:, ::2] *= -1
     one_matmul_model(tmp_path / "fp32.onnx", weight)
-    assert DEFAULT_INT8_SCHEME == "u8s8-rows"
-    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", scheme)
     quantized, scales, zero_points = quantized_weight(tmp_path / "int8.onnx")
-    assert np.abs(quantized.astype(np.int64) - zero_points).max() <= 64  # 7-bit signed weights
+    assert np.abs(quantized.astype(np.int64) - zero_points).max() <= weight_levels
     x = rng.integers(100, 128, size=(ROWS, DEPTH)).astype(np.float32)
     x[:, 0] = 127  # each row's max |x|: scale 127 / 127 = 1
     x[1::2] *= -1  # rows of either sign
@@ -77,6 +78,10 @@ def test_int8_default_scheme_quantizes_each_row_on_its_own_grid_exactly(tmp_path
     # Batched with rows of a thousand times the range, each of these rows' results is the same, bit for bit.
     assert np.array_equal(session.run(None, {"x": big})[0][:ROWS], alone)
     assert np.array_equal(np.concatenate([session.run(None, {"x": x[row : row + 1]})[0] for row in range(ROWS)]), alone)
+
+
+def test_int8_default_scheme_is_per_row_with_7_bit_weights() -> None:
+    assert DEFAULT_INT8_SCHEME == "u8s8-rows"
 
 
 def test_int8_per_tensor_scheme_is_not_batch_invariant(tmp_path: Path) -> None:
@@ -96,7 +101,7 @@ def test_int8_unknown_scheme_refused(tmp_path: Path) -> None:
         convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "s4")
 
 
-@pytest.mark.parametrize("scheme", ["u8s8-rows", "u8s8-reduce-range", "u8u8", "w8-fp32"])
+@pytest.mark.parametrize("scheme", ["u8s8-rows", "u8u8-rows", "u8s8-reduce-range", "u8u8", "w8-fp32"])
 def test_int8_saturation_free_schemes_stay_close_to_fp32(tmp_path: Path, scheme: str) -> None:
     """The schemes that cannot saturate on any CPU (7-bit weights: 2 x 255 x 64 < 32767; u8u8 sums in
     32 bits; w8-fp32 multiplies in fp32) err on normal inputs by quantization alone: within 5% of the
