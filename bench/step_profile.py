@@ -19,6 +19,10 @@ from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 
+from nmt_serve.model.extras import require_extra
+
+require_extra("nmt-step-profile", "dev", ('torch', 'onnx', 'sacrebleu'))
+
 from nmt_serve.bench.engine_bench import sample_sources
 from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, add_cell_arguments, cells_from, forced_options
