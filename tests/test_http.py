@@ -213,6 +213,24 @@ def test_http_chunked_oversized_body_is_413_once_the_limit_has_arrived(running: 
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == PAYLOAD_TOO_LARGE
 
 
+def test_http_unparsable_requests_are_counted_once_each(tiny_model_dir: Path) -> None:
+    """aiohttp answers a request it cannot parse with its own 400 before any route: such calls are counted in
+    nmt_http_unparsed_requests_total (their path is unknown), and a call that reached a route is not counted there."""
+    bad_requests = [b"POST /v1/translate HTTP/1.1\r\nHost: localhost\r\nno colon in this header\r\n\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nContent-Length: -5\r\n\r\n"]  # fmt: skip
+    with RunningServer(http_settings(tiny_model_dir)) as server:
+        for raw in bad_requests:
+            with socket.create_connection(("127.0.0.1", server.server.http.port), timeout=30) as sock:
+                sock.sendall(raw)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")  # aiohttp's placeholder answers in HTTP/1.0
+        assert call(server, "GET", "/v1/models")[0] == 200
+        samples = scrape_until(server.server.metrics_port, lambda found: total(found, "nmt_http_unparsed_requests_total") >= 2)
+    assert total(samples, "nmt_http_unparsed_requests_total") == 2
+
+
 def test_http_stalled_body_is_408_at_the_deadline(tiny_model_dir: Path) -> None:
     """Headers declaring 100 bytes, 8 of them sent, the connection kept open: answered at the call's deadline (its
     Request-Timeout, or --max-deadline-s without one), and the connection closed; aiohttp alone would wait for ever."""

@@ -12,6 +12,7 @@ from aiohttp import web
 from nmt_serve.server.api.admission import EarlyAdmission
 from nmt_serve.server.api.http_api import HttpApi
 from nmt_serve.server.api.http_schema import openapi_document
+from nmt_serve.server.api.http_unparsed import unparsed_request_counter
 from nmt_serve.server.api.request_ids import echo_http_request_id, http_request_ids
 from nmt_serve.server.api.service import TranslationService
 from nmt_serve.server.models.metrics import Metrics
@@ -52,8 +53,11 @@ class HttpServer:
         # An idle keep-alive connection is closed after KEEPALIVE_S (aiohttp's own default is about an hour).
         # No decoding by aiohttp: server/api/http_body.py undoes a body's Content-Encoding itself, bounded, with a JSON error
         # for one it does not take.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
-                                     shutdown_timeout=min(settings.grace_s, STOP_WAIT_S), auto_decompress=False)  # fmt: skip
+        # No access log line (server/models/access_log.py writes the calls'); aiohttp's access-log hook counts the requests
+        # it could not parse, the only ones that never reach a handler.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=logger, access_log_class=unparsed_request_counter(metrics),
+                                     lingering_time=0, keepalive_timeout=KEEPALIVE_S, shutdown_timeout=min(settings.grace_s, STOP_WAIT_S),
+                                     auto_decompress=False)  # fmt: skip
 
     async def start(self) -> int:
         """Listens on --http-host:--http-port; returns the bound port."""

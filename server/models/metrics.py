@@ -98,6 +98,8 @@ class Metrics:
         # Not per model: the drain stops the whole server under them.
         self.cut_off = Counter("nmt_cut_off_calls", "Calls still running when the SIGTERM grace period ended; the server stopped under them.",
                                registry=registry)  # fmt: skip
+        self.http_unparsed = Counter("nmt_http_unparsed_requests", "HTTP requests aiohttp could not parse, answered 400 before any route "
+                                     "(their method and path are unknown).", registry=registry)  # fmt: skip
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).", model,
                                        registry=registry)  # fmt: skip
         self.cache_hits = Counter("nmt_cache_hits", "Sentences answered from the translation cache.", model, registry=registry)
