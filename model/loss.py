@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,28 @@ def batch_loss(model: Transformer, batch: Batch, smoothing: float) -> torch.Tens
     # Project only real target positions: the V-wide output layer is the costliest matmul.
     log_probs = model.generate_log_probs(hidden[real])
     return label_smoothed_loss(log_probs, batch.tgt_out[real], smoothing)
+
+
+LossFunction = Callable[[Transformer, Batch, float], torch.Tensor]
+
+
+def accumulate_gradients(model: Transformer, batches: Sequence[Batch], smoothing: float, loss_function: LossFunction = batch_loss,
+                         bf16: bool = False, device: torch.device = torch.device("cpu")) -> float:  # fmt: skip
+    """Adds the gradient of the batches' summed loss per target token of all of them to the parameters' .grad.
+
+    Dividing by the tokens of all the batches, not each batch's own, makes one optimizer step over N batches
+    the step over a batch of their union, while only one batch's activations are held at a time.
+    Returns the summed loss.
+    """
+    total_tokens = sum(batch.n_tgt_tokens for batch in batches)
+    summed = 0.0
+    for batch in batches:
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_function(model, batch, smoothing)
+        (loss / total_tokens).backward()
+        summed += loss.item()
+    return summed
 
 
 def mean_nll(model: Transformer, id_pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batches: Sequence[np.ndarray],

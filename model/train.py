@@ -31,7 +31,7 @@ from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.file_hash import sha256_file
-from nmt_serve.model.loss import batch_loss, mean_nll
+from nmt_serve.model.loss import LossFunction, accumulate_gradients, batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.model.transformer import Transformer
@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 LAST_DIR = "last"  # resume state: weights, optimizer, RNG and data position (not shipped)
 TRAINER_STATE_FILE = "trainer_state.pt"
 SNAPSHOTS_DIR = "snapshots"
+COMPILE_BACKEND = "inductor"  # torch.compile's; tests swap in "eager" to check the wiring without a C++ compile
 
 
 @dataclass
@@ -62,6 +63,8 @@ class TrainSettings:
     keep_snapshots: int = 0  # float16 weights of the last N validations in OUT/snapshots/, for nmt-average
     cooldown_steps: int = 0  # > 0 (with max_steps): the LR falls linearly to 0 over the run's last N steps
     dropout: float = -1.0  # < 0: the preset's (or, resuming, the checkpoint's)
+    accumulate: int = 1  # batches per optimizer step: the step over a batch N times --max-tokens, holding one batch's activations at a time
+    compile: bool = False  # torch.compile the training loss (forward and backward of the model)
 
 
 @dataclass
@@ -73,9 +76,11 @@ class Progress:
     batch_in_epoch: int = 0
     tgt_tokens: int = 0
     train_seconds: float = 0.0
+    wall_seconds: float = 0.0  # train_seconds plus validation and checkpoint writing, over every leg
     best_bleu: float = -1.0
     loss_curve: list[list[float]] = field(default_factory=list)  # [step, mean train loss]
     validations: list[dict[str, float]] = field(default_factory=list)
+    checkpoint_minutes: list[dict[str, float]] = field(default_factory=list)  # step, training and wall minutes of each validation
     restart_step: int = -1  # step of the last restart without optimizer state; -1 = none
 
 
@@ -97,6 +102,13 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     if settings.cooldown_steps > 0 and settings.max_steps > 0:
         rate *= min(1.0, max(0.0, (settings.max_steps - step + 1) / settings.cooldown_steps))
     return rate
+
+
+def compiled_loss() -> LossFunction:
+    """batch_loss compiled by torch.compile: the function, not the module, so that the model's state dict keeps its
+    names (a compiled module's gain an `_orig_mod.` prefix) and checkpoints are the same with and without --compile."""
+    # Every batch has another shape: dynamic from the first call instead of a recompile per new shape.
+    return torch.compile(batch_loss, dynamic=True, backend=COMPILE_BACKEND)
 
 
 def load_or_train_tokenizer(out: Path, pairs: Sequence[tuple[str, str]], vocab_size: int) -> Tokenizer:
@@ -123,6 +135,8 @@ class Trainer:
         self.out = out
         self.settings = settings
         self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+        self.loss_function = compiled_loss() if settings.compile else batch_loss
+        self.wall_mark = time.monotonic()  # where the wall time of the next checkpoint counts from (reset as each leg starts)
         self.progress = Progress()
         self.lengths = [(len(s), len(t)) for s, t in self.train_ids]
         self._planned_epoch, self._planned = -1, []
@@ -174,9 +188,11 @@ class Trainer:
             epoch=int(record.get("epochs", 0)) + 1,
             tgt_tokens=int(record.get("target_tokens", 0)),
             train_seconds=float(record.get("train_minutes", 0.0)) * 60,
+            wall_seconds=float(record.get("wall_minutes", 0.0)) * 60,
             best_bleu=float(best.get("bleu", -1.0)),
             loss_curve=[point for point in record.get("loss_curve", []) if point[0] <= step],
             validations=[result for result in record.get("validations", []) if result["step"] <= step],
+            checkpoint_minutes=[times for times in record.get("checkpoint_minutes", []) if times["step"] <= step],
             restart_step=step,
         )
         logger.warning("no %s/ resume state: restarting from the best weights at step %d with a fresh optimizer", LAST_DIR, step)
@@ -220,6 +236,9 @@ class Trainer:
             "cpu": cpu_model_name() if self.device.type == "cpu" else torch.cuda.get_device_name(self.device),
             "threads": torch.get_num_threads(),
             "bf16": self.settings.bf16,
+            "compile": self.settings.compile,
+            "max_tokens": self.settings.max_tokens,
+            "accumulate": self.settings.accumulate,
             "start_step": self.progress.step,
             "start_target_tokens": self.progress.tgt_tokens,
             "start_train_seconds": round(self.progress.train_seconds, 1),
@@ -241,24 +260,16 @@ class Trainer:
         settings, progress = self.settings, self.progress
         self.model.train()
         self.start_leg(record)
-        started = time.monotonic()
+        started = self.wall_mark = time.monotonic()
         # With a time limit the bar counts minutes, so tqdm's ETA is the time left.
         by_time = not settings.max_steps
         bar = tqdm(total=settings.max_minutes if by_time else settings.max_steps, initial=0 if by_time else progress.step,
                    unit="min" if by_time else "step", desc="train", dynamic_ncols=True)
         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
         while not self.finished(started):
-            batches = self.epoch_batches(progress.epoch)
-            if progress.batch_in_epoch >= len(batches):
-                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-                continue
-            batch = make_batch([self.train_ids[i] for i in batches[progress.batch_in_epoch]])
-            loss = self.train_step(batch)
-            progress.batch_in_epoch += 1
-            progress.step += 1
-            progress.tgt_tokens += batch.n_tgt_tokens
+            loss, tokens = self.advance()
             window_loss += loss
-            window_tokens += batch.n_tgt_tokens
+            window_tokens += tokens
             if progress.step % settings.log_every == 0:
                 elapsed = time.monotonic() - window_start
                 progress.train_seconds += elapsed
@@ -275,17 +286,35 @@ class Trainer:
                 window_start = time.monotonic()  # validation time is not training time
         bar.close()
 
-    def train_step(self, batch: Batch) -> float:
+    def next_batches(self, count: int) -> list[Batch]:
+        """The next `count` batches in data order (into the next epoch when one ends), moving the data position past them."""
+        progress, batches = self.progress, []
+        while len(batches) < count:
+            planned = self.epoch_batches(progress.epoch)
+            if progress.batch_in_epoch >= len(planned):
+                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                continue
+            batches.append(make_batch([self.train_ids[i] for i in planned[progress.batch_in_epoch]]))
+            progress.batch_in_epoch += 1
+        return batches
+
+    def advance(self) -> tuple[float, int]:
+        """One optimizer step over the next `accumulate` batches: their summed loss and target tokens."""
+        batches = self.next_batches(self.settings.accumulate)
+        loss = self.train_step(batches)
+        tokens = sum(batch.n_tgt_tokens for batch in batches)
+        self.progress.step += 1
+        self.progress.tgt_tokens += tokens
+        return loss, tokens
+
+    def train_step(self, batches: Sequence[Batch]) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.progress.step + 1, self.settings) * restart_scale(self.progress, self.settings)
-        batch = batch.to(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
-            loss = batch_loss(self.model, batch, self.settings.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
-        (loss / batch.n_tgt_tokens).backward()
+        loss = accumulate_gradients(self.model, batches, self.settings.label_smoothing, self.loss_function, self.settings.bf16, self.device)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_norm)
         self.optimizer.step()
-        return loss.item()
+        return loss
 
     def checkpoint(self, record: dict[str, Any]) -> None:
         progress = self.progress
@@ -297,6 +326,11 @@ class Trainer:
             # Best weights are what ships: float16 halves the committed size; last/ keeps float32 for exact resume.
             save_weights(self.model, self.out, half=True)
             record["best"] = result
+        now = time.monotonic()
+        progress.wall_seconds += now - self.wall_mark
+        self.wall_mark = now
+        progress.checkpoint_minutes.append({"step": progress.step, "train_minutes": round(progress.train_seconds / 60, 2),
+                                            "wall_minutes": round(progress.wall_seconds / 60, 2)})  # fmt: skip
         self.save_last()
         if self.settings.keep_snapshots > 0:
             self.save_snapshot()
@@ -306,9 +340,11 @@ class Trainer:
             epochs=round(progress.epoch + progress.batch_in_epoch / max(len(self.epoch_batches(progress.epoch)), 1), 3),
             target_tokens=progress.tgt_tokens,
             train_minutes=round(seconds / 60, 2),
+            wall_minutes=round(progress.wall_seconds / 60, 2),
             target_tokens_per_second=round(progress.tgt_tokens / seconds, 1),
             loss_curve=progress.loss_curve,
             validations=progress.validations,
+            checkpoint_minutes=progress.checkpoint_minutes,
         )
         self.update_leg(record)
         save_train_info(record, self.out)
@@ -356,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("nmt-train: give --max-steps or --max-minutes")
     if settings.cooldown_steps and not settings.max_steps:
         parser.error("--cooldown-steps needs --max-steps (the step the learning rate reaches 0)")
+    if settings.accumulate < 1:
+        parser.error(f"--accumulate: batches per optimizer step must be at least 1, got {settings.accumulate}")
     torch.manual_seed(settings.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     train_pairs, valid_pairs = read_tsv(args.train), read_tsv(args.valid)

@@ -294,3 +294,65 @@ def test_init_from_with_resume_of_a_run_without_its_resume_state_is_refused(tiny
     with pytest.raises(SystemExit):
         train_main([*train_args(tiny_corpus, tmp_path / "run", 1), "--init-from", str(tiny_checkpoint), "--resume"])
     assert "--init-from starts a new run" in capsys.readouterr().err
+
+
+def test_accumulated_gradients_equal_those_of_one_batch_of_their_union() -> None:
+    """--accumulate N: one optimizer step over N batches is the step over their union (dropout off, so both see the same function)."""
+    import dataclasses
+
+    from nmt_serve.model.config import PRESETS
+    from nmt_serve.model.loss import accumulate_gradients
+    from nmt_serve.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(PRESETS["tiny"], dropout=0.0))
+    rng = np.random.default_rng(3)
+    pairs = [(rng.integers(4, 256, rng.integers(1, 12)).tolist(), rng.integers(4, 256, rng.integers(1, 12)).tolist()) for _ in range(12)]
+
+    def gradients(batches: list) -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(model, batches, smoothing=0.1)
+        return loss, {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+
+    union_loss, union = gradients([make_batch(pairs)])
+    accumulated_loss, accumulated = gradients([make_batch(pairs[:3]), make_batch(pairs[3:8]), make_batch(pairs[8:])])
+    assert accumulated_loss == pytest.approx(union_loss, rel=1e-5)
+    for name, gradient in union.items():
+        torch.testing.assert_close(accumulated[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_train_resume_with_accumulation_and_compile_continues_the_same_loss_curve(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Steps of 3 batches cross epoch ends; the compiled loss leaves the checkpoint's tensor names as they are."""
+    from nmt_serve.model import train
+    from nmt_serve.model.transformer import Transformer
+
+    monkeypatch.setattr(train, "COMPILE_BACKEND", "eager")  # the wiring, without a C++ compile in the test
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    options = ["--accumulate", "3", "--compile", "--no-bf16"]
+    assert train_main([*train_args(tiny_corpus, straight, 12), *options]) == 0
+    assert train_main([*train_args(tiny_corpus, resumed, 6), *options]) == 0
+    assert train_main([*train_args(tiny_corpus, resumed, 12), *options, "--resume"]) == 0
+    straight_info = json.loads((straight / "train.json").read_text())
+    resumed_info = json.loads((resumed / "train.json").read_text())
+    assert straight_info["epochs"] > 1
+    assert resumed_info["loss_curve"] == straight_info["loss_curve"]
+    assert resumed_info["validations"] == straight_info["validations"]
+    assert [leg["accumulate"] for leg in resumed_info["legs"]] == [3, 3] and all(leg["compile"] for leg in resumed_info["legs"])
+    assert [times["step"] for times in resumed_info["checkpoint_minutes"]] == [6, 12]
+    names = set(Transformer(load_checkpoint(resumed).config).state_dict())
+    for directory in (resumed, resumed / "last"):
+        assert set(load_file(str(directory / "model.safetensors"))) == names
+
+
+def test_accumulated_steps_take_n_times_the_batches_of_plain_ones(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    assert train_main([*train_args(tiny_corpus, tmp_path / "plain", 4), "--no-bf16"]) == 0
+    assert train_main([*train_args(tiny_corpus, tmp_path / "twice", 2), "--no-bf16", "--accumulate", "2"]) == 0
+    plain, twice = (json.loads((tmp_path / name / "train.json").read_text()) for name in ("plain", "twice"))
+    assert twice["target_tokens"] == plain["target_tokens"] and twice["epochs"] == plain["epochs"]
+
+
+def test_train_refuses_fewer_than_one_batch_per_step(tiny_corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        train_main([*train_args(tiny_corpus, tmp_path, 2), "--accumulate", "0"])
+    assert "--accumulate: batches per optimizer step must be at least 1, got 0" in capsys.readouterr().err
