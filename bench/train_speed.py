@@ -160,7 +160,7 @@ def measure_quality(args: argparse.Namespace, work: Path) -> dict[int, dict[str,
         shutil.copyfile(work / TOKENIZER_FILE, out / TOKENIZER_FILE)  # the same ids in every run
         steps, every = args.quality_steps // accumulate, args.quality_eval_every // accumulate
         command = [sys.executable, "-m", "nmt_serve.model.train", "--train", str(args.train), "--valid", str(args.valid), "--out", str(out),
-                   "--preset", args.preset, "--threads", str(args.threads), "--max-tokens", str(args.max_tokens), "--accumulate", str(accumulate),
+                   "--preset", args.preset, "--threads", str(args.threads), "--max-tokens", str(args.quality_max_tokens), "--accumulate", str(accumulate),
                    "--max-steps", str(steps), "--eval-every", str(every), "--log-every", str(every), "--warmup-steps", str(args.quality_warmup // accumulate),
                    "--valid-bleu-size", "100", "--seed", str(args.seed), "--no-bf16"]  # fmt: skip
         logger.info("quality run: %s", " ".join(command[3:]))
@@ -189,11 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=TrainSettings().max_tokens, help="the baseline's batch (nmt-train's default)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=60, help="timed work per leg, in batches of --max-tokens")
-    parser.add_argument("--first-steps", type=int, default=3, help="steps timed apart before the timed ones (compilation happens there)")
-    parser.add_argument("--quality-steps", type=int, default=240, help="steps of the one-batch quality run (0 = no quality runs)")
-    parser.add_argument("--quality-eval-every", type=int, default=80)
-    parser.add_argument("--quality-warmup", type=int, default=120, help="warm-up steps of the one-batch run; divided by the batches per step")
+    parser.add_argument("--batches", type=int, default=10, help="timed work per leg, in batches of --max-tokens")
+    parser.add_argument("--first-steps", type=int, default=2, help="steps timed apart before the timed ones (compilation happens there)")
+    parser.add_argument("--quality-max-tokens", type=int, default=2000, help="padded tokens per batch of the quality runs")
+    parser.add_argument("--quality-steps", type=int, default=160, help="steps of the one-batch quality run (0 = no quality runs)")
+    parser.add_argument("--quality-eval-every", type=int, default=40)
+    parser.add_argument("--quality-warmup", type=int, default=80, help="warm-up steps of the one-batch run; divided by the batches per step")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--leg", help=argparse.SUPPRESS)  # internal: one leg, in the process nmt-train-speed starts for it
     return parser
@@ -226,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if records:
         sections += [f"### Quality at equal target tokens: the same batches in the same order, warm-up {args.quality_warmup} steps divided "
-                     f"by the batches per step, peak LR {TrainSettings().peak_lr}, dropout of the preset, fp32", quality_table(records, args.max_tokens)]  # fmt: skip
+                     f"by the batches per step, peak LR {TrainSettings().peak_lr}, dropout of the preset, fp32", quality_table(records, args.quality_max_tokens)]  # fmt: skip
     sections.append(f"Total wall time {(time.monotonic() - started) / 60:.1f} minutes.")
     write_report("Training speed", "nmt-train-speed", argv, sections, args.out)
     return 0
