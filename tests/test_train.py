@@ -359,7 +359,7 @@ def test_train_refuses_fewer_than_one_batch_per_step(tiny_corpus: dict[str, Path
 
 
 def test_train_speed_leg_and_tables_on_the_tiny_preset(tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
-    """nmt-train-speed's pieces: one leg in this process (accumulating half batches), its table row, and the padding shares."""
+    """nmt-train-speed's pieces: one leg in this process (8 batches of 300 tokens: 4 steps of 4 batches of 150), its table row, and the padding shares."""
     from nmt_serve.bench.train_speed import padding_share, run_leg, speed_table
     from nmt_serve.model.corpus import read_tsv
     from nmt_serve.model.train import load_or_train_tokenizer
@@ -369,7 +369,7 @@ def test_train_speed_leg_and_tables_on_the_tiny_preset(tiny_corpus: dict[str, Pa
     spec = {"variant": "accumulate 4 of half batches", "round": 0, "seed": 1, "threads": 1, "preset": "tiny", "max_tokens": 300, "batches": 8,
             "first_steps": 1, "train": str(tiny_corpus["train"]), "work": str(tmp_path)}  # fmt: skip
     leg = run_leg(spec)
-    assert leg["steps"] == 2 and leg["target_tokens"] > 0 and leg["tokens_per_s"] > 0 and leg["peak_rss_mb"] > 0
+    assert leg["steps"] == 4 and leg["target_tokens"] > 0 and leg["tokens_per_s"] > 0 and leg["peak_rss_mb"] > 0
     baseline = {**leg, "variant": "baseline"}
     rows = speed_table([baseline, leg], 300).splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["baseline", "accumulate 4 of half batches"]
