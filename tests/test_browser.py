@@ -116,6 +116,32 @@ def test_browser_page_streams_the_grpc_translation(browser: DevTools, tmp_path: 
             Path(os.environ[SCREENSHOT_ENV]).write_bytes(shot)
 
 
+def test_browser_page_translates_html_and_previews_it_without_scripts(browser: DevTools) -> None:
+    """HTML format: the translated markup is shown as text, and rendered in a frame with every sandbox restriction
+    (sandbox="": no scripts, no forms, an opaque origin the page cannot reach into)."""
+    page = "<p>Guten <b>Morgen</b>!</p><script>document.title = 'ran'</script>"
+    with RunningServer(server_settings(DEFAULT_MODEL_DIR, http_port=free_port())) as server:
+        channel, stub = server.stub()
+        with channel:
+            request = pb.TranslateStreamRequest(text=page, options=pb.DecodingOptions(format="html"))
+            expected = list(stub.TranslateStream(request, timeout=30))[-1].hypotheses[0].text
+        browser.send("Page.navigate", url=f"http://127.0.0.1:{server.server.http.port}/")
+        browser.wait_for("document.getElementById('model').options.length > 0")
+        browser.evaluate("document.getElementById('format').value = 'html'")
+        browser.evaluate("document.getElementById('beam').value = '1'")
+        browser.evaluate("document.getElementById('source').focus()")
+        browser.send("Input.insertText", text=page)
+        browser.click("#translate")
+        browser.wait_for("document.body.dataset.done === 'true'")
+        assert "<b>" in expected and "<script>" in expected
+        assert browser.evaluate("document.getElementById('target').textContent") == expected
+        assert browser.evaluate("document.getElementById('preview').srcdoc") == expected
+        assert browser.evaluate("document.getElementById('preview').getAttribute('sandbox')") == ""
+        assert not browser.evaluate("document.getElementById('preview').hidden")
+        # An opaque origin: the page itself cannot read the frame's document.
+        assert browser.evaluate("document.getElementById('preview').contentDocument") is None
+
+
 def test_browser_page_shows_an_error_in_words(browser: DevTools) -> None:
     with RunningServer(server_settings(DEFAULT_MODEL_DIR, http_port=free_port(), max_chars_per_text=10)) as server:
         browser.send("Page.navigate", url=f"http://127.0.0.1:{server.server.http.port}/")

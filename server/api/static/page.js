@@ -66,12 +66,14 @@ async function* events(response) {
 async function translate(event) {
   event.preventDefault();
   $("target").textContent = "";
+  $("preview").hidden = true;
   $("status").textContent = "";
   delete document.body.dataset.done;
   showError("");
   $("translate").disabled = true;
   const started = performance.now();
-  const request = { text: $("source").value, model: $("model").value, options: { beam_size: Number($("beam").value) } };
+  const format = $("format").value;
+  const request = { text: $("source").value, model: $("model").value, options: { beam_size: Number($("beam").value), format } };
   try {
     const response = await fetch("/v1/translate/stream", { method: "POST", headers: headers(), body: JSON.stringify(request) });
     if (!response.ok) {
@@ -85,7 +87,12 @@ async function translate(event) {
       }
       $("target").textContent += data.text_delta;
       if (data.final) {
-        $("target").textContent = data.hypotheses[0].text;
+        $("target").textContent = data.hypotheses[0].text;  // HTML too: its markup shown as text, never parsed here
+        if (format === "html") {
+          // Rendered only in a frame with every sandbox restriction on: no scripts, no forms, no same origin.
+          $("preview").srcdoc = data.hypotheses[0].text;
+          $("preview").hidden = false;
+        }
         $("status").textContent = `${data.hypotheses[0].token_count} tokens in ${Math.round(performance.now() - started)} ms`;
         document.body.dataset.done = "true";
       }
