@@ -1,10 +1,9 @@
 """nmt-step-profile: where a decoder step's time goes, node by node (ONNX Runtime's profiler), per model dir and cell.
 
-Each model dir runs the engine as nmt-bench does (forced output length, one thread), with the decoder session's
-profiler on. The node times of the timed repeats are summed by kind (weight MatMuls, activation quantization,
-attention, ...) and set against the engine's whole step, so the table also shows what ONNX Runtime spends between
-its kernels and what the host spends outside the decoder call. The profiler adds a little to every node; the
-shares, not the absolute times, are the result.
+Each model dir runs the engine as nmt-bench does (forced output length, one thread). A run without the profiler
+times the step and splits it between the decoder call and the host's work around it; a second, profiled run of
+the same cell sums its kernel times by kind (weight MatMuls, activation quantization, attention, ...). The profiler
+lengthens every kernel by a roughly fixed amount, so the kinds are read as shares, not as times.
 """
 
 from __future__ import annotations
@@ -25,11 +24,9 @@ require_extra("nmt-step-profile", "dev", ('torch', 'onnx', 'sacrebleu'))
 
 from nmt_serve.bench.engine_bench import sample_sources
 from nmt_serve.bench.report import write_report
-from nmt_serve.bench.systems import Cell, add_cell_arguments, cells_from, forced_options
+from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
 from nmt_serve.runtime.manifest import load_model_dir
-from nmt_serve.server.engine.engine import Engine
-from nmt_serve.server.engine.jobs import EngineLimits, StepProfile
-from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from nmt_serve.server.engine.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +62,9 @@ def node_kind(op_type: str, node_name: str) -> str:
 
 @dataclass
 class NodeTimes:
-    """Kernel microseconds of the decoder runs kept, by kind and by node, and those runs' own microseconds."""
+    """Kernel microseconds of the decoder runs kept, by kind and by node."""
 
     runs: int = 0
-    run_us: float = 0.0
     by_kind: Counter[str] = field(default_factory=Counter)
     by_node: Counter[str] = field(default_factory=Counter)
 
@@ -78,7 +74,7 @@ def read_profile(path: Path, keep_last_runs: int) -> NodeTimes:
     events = json.loads(path.read_text(encoding="utf-8"))
     runs = sorted((event for event in events if event.get("cat") == "Session" and event.get("name") == "model_run"), key=lambda event: event["ts"])
     kept = runs[-keep_last_runs:]
-    times = NodeTimes(runs=len(kept), run_us=sum(run["dur"] for run in kept))
+    times = NodeTimes(runs=len(kept))
     if not kept:
         return times
     start = kept[0]["ts"]
@@ -113,28 +109,23 @@ class CellProfile:
         return (self.engine.total_s - self.engine.encode_s) * 1e3 / max(self.steps, 1)
 
 
-def run_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, profile_prefix: str = "") -> tuple[Runtime, StepProfile]:
-    """A fresh runtime runs the cell once untimed, then `repeats` times; the engine's profile of those."""
-    settings = RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16, decoder_profile_prefix=profile_prefix)
-    runtime = Runtime(model_dir, settings)
-    runtime.warm_up()
-    engine = Engine(runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22))
-    before = replace(engine.profile)
-    for repeat in range(repeats + 1):
-        if repeat == 1:
-            before = replace(engine.profile)
-        for source in sources[: cell.batch]:
-            engine.submit(source, forced_options(cell))
-        engine.run_until_idle()
-    return runtime, engine.profile - before
+def run_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, profile_prefix: str = "") -> tuple[EngineSystem, StepProfile]:
+    """The engine as nmt-bench runs it, fresh for this cell: one untimed pass, then `repeats`; the engine's profile of those."""
+    system = EngineSystem(model_dir, threads, model_dir.name, decoder_profile_prefix=profile_prefix)
+    batch = sources[: cell.batch]
+    system.run(batch, cell)
+    before = replace(system.cell_profiles[cell])
+    for _ in range(repeats):
+        system.run(batch, cell)
+    return system, system.cell_profiles[cell] - before
 
 
 def profile_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, work: Path) -> CellProfile:
     """The step timed without the profiler (it multiplies a small step's time several times over), then the node
     times from a profiled run of the same cell, in a runtime of its own so that its profile file holds this cell alone."""
     _, plain = run_cell(model_dir, sources, cell, repeats, threads)
-    runtime, profiled = run_cell(model_dir, sources, cell, repeats, threads, str(work / f"{model_dir.name}-b{cell.batch}-k{cell.beam}"))
-    nodes = read_profile(Path(runtime.decoder.end_profiling()), profiled.steps)
+    system, profiled = run_cell(model_dir, sources, cell, repeats, threads, str(work / f"{model_dir.name}-b{cell.batch}-k{cell.beam}"))
+    nodes = read_profile(Path(system.runtime.decoder.end_profiling()), profiled.steps)
     return CellProfile(steps=plain.steps, engine=plain, nodes=nodes)
 
 

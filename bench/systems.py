@@ -75,8 +75,9 @@ class EngineSystem:
     With several engines (the server's `--engines`), each source goes to the least loaded engine, as
     the server's scheduler sends requests, and each engine steps in its own thread."""
 
-    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1) -> None:
-        self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16))
+    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1, decoder_profile_prefix: str = "") -> None:
+        self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16,
+                                                          decoder_profile_prefix=decoder_profile_prefix))  # fmt: skip
         self.runtime.warm_up()
         # With metrics, every observation the server makes per step and per request is made here too.
         self.metrics = Metrics() if metrics else None
