@@ -1,5 +1,6 @@
-"""options.format "html" through a real server: the page's tree comes back unchanged and each text node holds the
-translation that node gets as plain text; streaming sends the page once; bad values are INVALID_ARGUMENT."""
+"""options.format "html" through a real server: the page's tree comes back unchanged and each text holds the translation
+it gets as plain text; a sentence cut by an inline element is one engine input; streaming sends the page once; bad
+values are INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from nmt_serve.model.html_text import parse_html
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from tests.serving import RunningServer, server_settings
+from tests.serving import RunningServer, scrape, server_settings, total
 from tests.test_html_text import tree
 
 PAGE = """<html><head><title>Ich sehe den Hund</title></head>
@@ -32,15 +33,28 @@ def call(server: RunningServer, texts: list[str], **options: object) -> list[pb.
         return list(stub.Translate(pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(**options)), timeout=30).translations)
 
 
-def test_html_page_keeps_its_tree_and_each_text_node_gets_its_own_translation(served: RunningServer) -> None:
+def test_html_page_keeps_its_tree_and_each_text_gets_its_own_translation(served: RunningServer) -> None:
     (page,) = call(served, [PAGE], format="html")
     document = parse_html(PAGE)
-    nodes = call(served, list(document.texts))  # each node alone, as plain text
+    # Each text alone, as plain text; the placeholders of kept inline elements kept as the server keeps them.
+    nodes = call(served, list(document.texts), keep=[pb.KeepSpan(text=character) for character in document.placeholders])
     assert page.hypotheses[0].text == document.render([node.hypotheses[0].text for node in nodes])
     assert tree(page.hypotheses[0].text) == tree(PAGE)
     for kept in ("<pre>Ich sehe den Hund</pre>", '<p translate="no">Ich sehe den Hund</p>', "<code>/etc/fstab</code>", "Strg+Alt+T"):
         assert kept in page.hypotheses[0].text
-    assert page.hypotheses[0].token_count == sum(node.hypotheses[0].token_count for node in nodes)
+    shown = [node for index, node in enumerate(nodes) if index not in document.probes]
+    assert page.hypotheses[0].token_count == sum(node.hypotheses[0].token_count for node in shown)
+
+
+def test_a_sentence_cut_by_an_inline_element_is_one_engine_input(tiny_model_dir: Path) -> None:
+    with RunningServer(server_settings(tiny_model_dir, cache_mb=1)) as server:
+        (page,) = call(server, ["<p>Ich sehe <b>den Hund</b> heute.</p>"], format="html")
+        misses = total(scrape(server.server.metrics_port), "nmt_cache_misses_total")
+        call(server, ["Ich sehe den Hund heute."])  # the whole sentence, as the engine saw it: in the cache
+        samples = scrape(server.server.metrics_port)
+    # Two engine inputs: the sentence and the element's own text (to place its tags); not three pieces.
+    assert misses == 2 and total(samples, "nmt_cache_hits_total") == 1
+    assert tree(page.hypotheses[0].text) == tree("<p>Ich sehe <b>den Hund</b> heute.</p>")
 
 
 def test_html_stream_sends_the_page_once(served: RunningServer) -> None:

@@ -1,5 +1,6 @@
 """HTML for translation (model/html_text.py): on hand-written and real pages, the markup comes back unchanged, every
-text node and alt/title value is handed out once, and code, pre, script, style and translate="no" are left alone."""
+block's inline flow and alt/title value is handed out once, a sentence flows through inline tags, and code, pre,
+script, style and translate="no" are left alone."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nmt_serve.model.html_text import HTML_SPACE, TRANSLATED_ATTRIBUTES, parse_html
+from nmt_serve.model.inline_tags import MATCHED
 
 PAGE = """<!DOCTYPE html>
 <html><head><title>Hilfe &amp; Tipps</title><style>p { color: red; }</style><script>var x = "<b>";</script></head>
@@ -56,21 +58,25 @@ def tree(page: str) -> list[tuple[object, ...]]:
 
 
 def translated(page: str) -> tuple[str, list[str]]:
+    """The page with every text replaced by a mark of its index; the probes' marks never occur in a flow's, so every inline
+    tag takes the fallback place (inline_tags' "relative")."""
     document = parse_html(page)
     marks = [f"«{index}»" for index in range(len(document.texts))]
-    return document.render(marks), list(document.texts)
+    return document.render(marks), [text for index, text in enumerate(document.texts) if index not in document.probes]
 
 
-def test_text_nodes_and_alt_title_values_are_handed_out_in_page_order() -> None:
-    assert parse_html(PAGE).texts == ("Hilfe & Tipps", "Klicken Sie auf", "Datei", ", um\xa0zu öffnen.", "Neue Zeile", "Ein Bild", "Titel",
-                                      'Link "da"', "Hier")  # fmt: skip
+def test_flows_alt_title_values_and_probes_are_handed_out_in_page_order() -> None:
+    document = parse_html(PAGE)
+    assert document.texts == ("Hilfe & Tipps", "Klicken Sie auf Datei, um\xa0zu öffnen.", "Datei", "Neue Zeile", "Ein Bild", "Titel",
+                              'Link "da"', "Hier")  # fmt: skip
+    assert document.probes == {2}
 
 
 def test_untranslated_elements_and_markup_come_back_as_written() -> None:
     page, _ = translated(PAGE)
     for kept in ("<style>p { color: red; }</style>", '<script>var x = "<b>";</script>', "<pre>Code   bleibt</pre>", "<code>x &lt; y</code>",
                  '<p translate="no">Nicht <i>übersetzen</i> <img alt="auch nicht"></p>', "<!-- Kommentar -->", "<!DOCTYPE html>",
-                 '<p class="x">«1» <b>«2»</b>«3»<br>«4»</p>', '<img src="a.png" alt="«5»" title="«6»">'):  # fmt: skip
+                 '<p class="x"><b>«1»</b><br>«3»</p>', '<img src="a.png" alt="«4»" title="«5»">'):  # fmt: skip
         assert kept in page, kept
     assert tree(page) == tree(PAGE)
 
@@ -94,7 +100,68 @@ def test_a_page_without_text_renders_as_it_came() -> None:
 @pytest.mark.parametrize("path", REAL_PAGES, ids=[Path(path).parent.name + "/" + Path(path).name for path in REAL_PAGES])
 def test_real_pages_keep_their_tree_and_hand_out_every_text_node(path: str) -> None:
     page = Path(path).read_text(encoding="utf-8", errors="replace")
-    rendered, texts = translated(page)
+    document = parse_html(page)
+    rendered, _ = translated(page)
     assert tree(rendered) == tree(page)
-    assert all(f"«{index}»" in rendered for index in range(len(texts)))
-    assert all(text.strip(HTML_SPACE) == text != "" for text in texts)
+    shown = [index for index in range(len(document.texts)) if index not in document.probes]
+    assert all(f"«{index}»" in rendered for index in shown)
+    assert all(text.strip(HTML_SPACE) == text != "" for text in document.texts)
+    # Each probe's translation found in its flow's: every inline tag placed by a match, the tree unchanged again.
+    words = [text.upper() for text in document.texts]
+    assert tree(document.render(words)) == tree(page)
+    assert all(placement.method in MATCHED + ("empty",) for placement in document.placements(words))
+
+
+def rendered_with(page: str, translations: dict[str, str]) -> str:
+    """The page rendered with the given translation of each text handed out (a text not given comes back as it was)."""
+    document = parse_html(page)
+    return document.render([translations.get(text, text) for text in document.texts])
+
+
+def test_a_sentence_flows_through_an_inline_element_and_the_tag_goes_around_its_translation() -> None:
+    page = "<p>Klicken Sie auf <b>Datei</b>, um die Datei zu speichern.</p>"
+    assert parse_html(page).texts == ("Klicken Sie auf Datei, um die Datei zu speichern.", "Datei")
+    translations = {"Klicken Sie auf Datei, um die Datei zu speichern.": "Click File to save the file.", "Datei": "File"}
+    assert rendered_with(page, translations) == "<p>Click <b>File</b> to save the file.</p>"
+
+
+def test_nested_elements_with_attributes_and_several_in_a_block() -> None:
+    page = ('<p>Lesen Sie <a href="hilfe.html" class="x" title="Die Hilfe">die <em>ganze</em> Hilfe</a> und '
+            "<strong>speichern</strong> Sie &amp; schließen Sie.</p>")  # fmt: skip
+    translations = {"Lesen Sie die ganze Hilfe und speichern Sie & schließen Sie.": "Read the whole help and save & close.",
+                    "Die Hilfe": "The help", "die ganze Hilfe": "the whole help", "ganze": "whole", "speichern": "Save"}  # fmt: skip
+    assert rendered_with(page, translations) == ('<p>Read <a href="hilfe.html" class="x" title="The help">the <em>whole</em> help</a> and '
+                                                 "<strong>save</strong> &amp; close.</p>")  # fmt: skip
+
+
+def test_an_element_kept_as_written_stays_a_verbatim_span_inside_the_sentence() -> None:
+    page = '<p>Öffnen Sie <code>a &lt; b</code> mit <span translate="no">Kate</span> <i>jetzt</i>.</p>'
+    document = parse_html(page)
+    (flow,) = [text for index, text in enumerate(document.texts) if index not in document.probes]
+    first, second = sorted(document.placeholders, key=flow.index)
+    assert flow == f"Öffnen Sie {first} mit {second} jetzt." and document.kept_spans(flow) == [(11, 12), (17, 18)]
+    translations = {flow: f"Open {first} with {second} now.", "jetzt": "now"}
+    assert rendered_with(page, translations) == '<p>Open <code>a &lt; b</code> with <span translate="no">Kate</span> <i>now</i>.</p>'
+
+
+def test_the_placeholders_are_characters_the_page_does_not_hold() -> None:
+    page = "<p>Privat \ue000 <kbd>F1</kbd> drücken</p>"
+    assert "\ue000" not in parse_html(page).placeholders and len(parse_html(page).placeholders) == 1
+
+
+@pytest.mark.parametrize("page", [
+    "<p>Ein <b>fetter <div>Block</div> Text</b> hier.</p>",  # an inline element cut by a block: each text node on its own
+    "<p>Ein <b>offenes Element</p><p>und weiter</p>",  # never closed
+    "<p>Zeile <b>eins<br>zwei</b> drei</p>",  # a line break ends the flow
+])  # fmt: skip
+def test_inline_elements_that_do_not_close_within_their_flow_leave_each_text_node_on_its_own(page: str) -> None:
+    document = parse_html(page)
+    assert not document.probes and all("<" not in text for text in document.texts)
+    rendered, _ = translated(page)
+    assert tree(rendered) == tree(page)
+
+
+def test_a_translation_that_lost_a_placeholder_still_keeps_the_tree() -> None:
+    page = "<p>Drücken Sie <b>jetzt <kbd>F1</kbd></b> oder <kbd>F2</kbd>.</p>"
+    rendered, _ = translated(page)  # the marks hold no placeholder
+    assert tree(rendered) == tree(page) and "<kbd>F1</kbd>" in rendered and "<kbd>F2</kbd>" in rendered

@@ -92,7 +92,8 @@ class Source:
 class Task:
     sources: tuple[Source, ...]
     options: SearchOptions  # the first sentence's: the target language's token, then the request's target prefix
-    # format "html": the request's pages; the sources are their text nodes and alt/title values, page after page.
+    # format "html": the request's pages; the sources are their texts (flows, text nodes, alt/title values and the probes
+    # that place inline tags), page after page.
     documents: tuple[HtmlDocument, ...] | None = None
     # What every sentence starts its target with: a multilingual model's target-language token (or nothing).
     language_prefix: tuple[int, ...] = ()
@@ -140,6 +141,9 @@ class RequestReader:
         spans = [split_spans(text, limit) if split else ([(0, len(text))] if text.strip() else []) for text in texts]
         # Verbatim spans come out of the sentences: the pieces between them are translated, they are kept as they were.
         kept = self._verbatim(texts, options, field)
+        if documents is not None:  # inline elements kept as written stand in their flow's text as placeholders, always kept
+            owners = [document for document in documents for _ in document.texts]
+            kept = [merge([*text_kept, *owner.kept_spans(text)]) for text, text_kept, owner in zip(texts, kept, owners, strict=True)]
         spans = [cut(text_spans, text_kept, text) for text, text_spans, text_kept in zip(texts, spans, kept, strict=True)]
         for index, text_spans in enumerate(spans):
             if len(text_spans) > limit:
