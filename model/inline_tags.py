@@ -12,11 +12,14 @@ the place is found in the output text, in this order (the first that finds one w
 3. `case`: the same, ignoring case.
 4. `trimmed`: the element's translation without the punctuation and spaces at its edges (a lone word
    often comes back with a period or a capital), ignoring case.
-5. `source`: the element's own source text, ignoring case (names, numbers and English words the model
+5. `stem`: the trimmed translation with each word of four letters or more cut to its first two thirds
+   (at least four letters) and any word ending allowed, ignoring case: `saved` finds `save`, `licence`
+   finds `license`.
+6. `source`: the element's own source text, ignoring case (names, numbers and English words the model
    copied into the sentence).
-6. `empty`: an element without text (an anchor `<a name=…></a>`) goes to the word start nearest its
+7. `empty`: an element without text (an anchor `<a name=…></a>`) goes to the word start nearest its
    relative place in the parent.
-7. `relative`: nothing was found; the element wraps the words at its relative place: its source text's
+8. `relative`: nothing was found; the element wraps the words at its relative place: its source text's
    start and end as fractions of the parent's source text, mapped onto the parent's translation and
    widened to whole words. The tags are there, with their attributes; the words they wrap may be the
    wrong ones.
@@ -32,7 +35,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MATCHED = ("whole", "exact", "case", "trimmed", "source")  # the methods that found the element's words
+MATCHED = ("whole", "exact", "case", "trimmed", "stem", "source")  # the methods that found the element's words
 _EDGE_PUNCTUATION = " \t\n\r\f\xa0.,;:!?\"'()[]{}«»„“”‚‘’-–—…"
 
 
@@ -90,13 +93,17 @@ def _place(source: str, translation: str, span: TagSpan, parent_source: tuple[in
     if content == _stripped(source, *parent_source):
         start, end = _stripped(translation, low, high)
         return Placement(start, end, "whole")
-    candidates = []
+    candidates: list[tuple[str, re.Pattern[str]]] = []
     if span.translated is not None and span.translated.strip():
-        candidates += [("exact", span.translated, 0), ("case", span.translated, re.IGNORECASE),
-                       ("trimmed", span.translated.strip(_EDGE_PUNCTUATION), re.IGNORECASE)]  # fmt: skip
-    candidates.append(("source", source[content[0] : content[1]].strip(_EDGE_PUNCTUATION), re.IGNORECASE))
-    for method, wanted, flags in candidates:
-        found = _find(translation, wanted, flags, window, inner)
+        trimmed = span.translated.strip(_EDGE_PUNCTUATION)
+        candidates += [("exact", _pattern(re.escape(span.translated), span.translated, 0)),
+                       ("case", _pattern(re.escape(span.translated), span.translated, re.IGNORECASE)),
+                       ("trimmed", _pattern(re.escape(trimmed), trimmed, re.IGNORECASE)),
+                       ("stem", _pattern(r"\s+".join(_stem(word) for word in trimmed.split()), trimmed, re.IGNORECASE))]  # fmt: skip
+    copied = source[content[0] : content[1]].strip(_EDGE_PUNCTUATION)
+    candidates.append(("source", _pattern(re.escape(copied), copied, re.IGNORECASE)))
+    for method, pattern in candidates:
+        found = _find(translation, pattern, window, inner)
         if found is not None:
             return Placement(*found, method)
     start = _word_start(translation, _relative(content[0], parent_source, region), low, high)
@@ -107,12 +114,26 @@ def _place(source: str, translation: str, span: TagSpan, parent_source: tuple[in
     return Placement(start, end, "relative")
 
 
-def _find(text: str, wanted: str, flags: int, window: tuple[int, int], inner: list[int]) -> tuple[int, int] | None:
-    """The first occurrence of `wanted` within text[low:high] that starts and ends at word edges and holds `inner`."""
+def _pattern(body: str, wanted: str, flags: int) -> re.Pattern[str] | None:
+    """`body` (a regular expression for `wanted`) held to word edges where `wanted` starts or ends with a word character."""
     if not wanted:
         return None
-    word = ("(?<!\\w)" if wanted[0].isalnum() or wanted[0] == "_" else "") + re.escape(wanted)
-    pattern = re.compile(word + ("(?!\\w)" if wanted[-1].isalnum() or wanted[-1] == "_" else ""), flags)
+    before = "(?<!\\w)" if wanted[0].isalnum() or wanted[0] == "_" else ""
+    after = "(?!\\w)" if wanted[-1].isalnum() or wanted[-1] == "_" else ""
+    return re.compile(before + body + after, flags)
+
+
+def _stem(word: str) -> str:
+    """A word of four letters or more as its first two thirds (four letters at least) and any word ending."""
+    if len(word) < 4 or not word.isalpha():
+        return re.escape(word)
+    return re.escape(word[: max(4, -(-2 * len(word) // 3))]) + r"\w*"
+
+
+def _find(text: str, pattern: re.Pattern[str] | None, window: tuple[int, int], inner: list[int]) -> tuple[int, int] | None:
+    """The first match within text[low:high] that holds `inner`."""
+    if pattern is None:
+        return None
     for match in pattern.finditer(text, *window):
         if all(match.start() <= at < match.end() for at in inner):
             return match.start(), match.end()

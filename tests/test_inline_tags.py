@@ -25,6 +25,7 @@ SOURCE = "Klicken Sie auf Datei, um die Datei zu speichern."
     ("Click file to save it.", "File", ("file", "case")),
     ("Click File to save it.", "File.", ("File", "trimmed")),
     ("Click file to save it.", "„File“", ("file", "trimmed")),
+    ("Click the files to save them.", "File", ("files", "stem")),
     ("Click Datei to save it.", "Folder", ("Datei", "source")),
 ])  # fmt: skip
 def test_each_method_finds_the_element_in_its_order(translation: str, probe: str, expected: tuple[str, str]) -> None:
