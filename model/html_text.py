@@ -126,6 +126,14 @@ class HtmlDocument:
             raise ValueError(f"{len(self.texts)} texts but {len(translations)} translations")
         return "".join(_rendered_part(part, translations) for part in self.parts)
 
+    def rendered_parts(self, translations: Sequence[str | None], start: int = 0) -> Iterator[str]:
+        """The page part by part from part `start`, in order, as far as the translations go: a part waits for every text
+        it shows or places its tags by (None: not translated yet); all parts join to `render`'s page."""
+        for part in self.parts[start:]:
+            if any(translations[index] is None for index in _needed(part)):
+                return
+            yield _rendered_part(part, translations)  # type: ignore[arg-type]  # the texts it needs are all there
+
     def placements(self, translations: Sequence[str]) -> list[Placement]:
         """Every inline element's placement, page order: how each was found (model/inline_tags.py's methods)."""
         return [placement for part in self.parts if isinstance(part, Flow) for placement in part.placements(translations)]
@@ -141,6 +149,16 @@ def _rendered_part(part: str | Slot | Flow, translations: Sequence[str]) -> str:
     if isinstance(part, Slot):
         return html.escape(translations[part.index], quote=part.in_attribute)
     return part.render(translations)
+
+
+def _needed(part: str | Slot | Flow) -> list[int]:
+    """The texts a part shows or places its tags by."""
+    if isinstance(part, str):
+        return []
+    if isinstance(part, Slot):
+        return [part.index]
+    slots = [piece.index for tag in part.tags for piece in tag.start_tag if isinstance(piece, Slot)]
+    return [part.index, *slots, *(tag.probe for tag in part.tags if tag.probe is not None)]
 
 
 def _filled(parts: Sequence[str | Slot], translations: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
 """options.format "html" through a real server: the page's tree comes back unchanged and each text holds the translation
-it gets as plain text; a sentence cut by an inline element is one engine input; streaming sends the page once; bad
+it gets as plain text; a sentence cut by an inline element is one engine input; streaming sends the page part by part; bad
 values are INVALID_ARGUMENT."""
 
 from __future__ import annotations
@@ -57,12 +57,14 @@ def test_a_sentence_cut_by_an_inline_element_is_one_engine_input(tiny_model_dir:
     assert tree(page.hypotheses[0].text) == tree("<p>Ich sehe <b>den Hund</b> heute.</p>")
 
 
-def test_html_stream_sends_the_page_once(served: RunningServer) -> None:
+def test_html_stream_sends_the_page_part_by_part_and_the_deltas_join_to_the_page(served: RunningServer) -> None:
     channel, stub = served.stub()
     with channel:
         messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=PAGE, options=pb.DecodingOptions(format="html")), timeout=30))
-    assert len(messages) == 1 and messages[0].final
-    assert messages[0].text_delta == messages[0].hypotheses[0].text == call(served, [PAGE], format="html")[0].hypotheses[0].text
+    assert len(messages) > 1 and messages[-1].final and not any(message.final for message in messages[:-1])
+    assert "".join(message.text_delta for message in messages) == messages[-1].hypotheses[0].text
+    assert messages[-1].hypotheses[0].text == call(served, [PAGE], format="html")[0].hypotheses[0].text
+    assert messages[0].text_delta.startswith("<html><head><title>")  # the title's block first, before the body is joined
 
 
 def test_text_format_is_the_default_and_translates_markup_as_text(served: RunningServer) -> None:

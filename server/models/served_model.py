@@ -63,9 +63,9 @@ class ServedModel:
 
     async def stream(self, request: pb.TranslateStreamRequest, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
         task = await prepare(lambda: self.reader.stream(request), request.ByteSize())
-        if task.documents is not None:  # a page is sent whole, once translated (its text nodes are decoded at once)
-            (page,) = await self._translations(task, deadline)
-            yield pb.TranslateStreamResponse(text_delta=page.hypotheses[0].text, final=True, hypotheses=page.hypotheses)
+        if task.documents is not None:
+            async for message in self._stream_page(task, deadline):
+                yield message
             return
         source = task.sources[0]
         if source.blank:
@@ -92,12 +92,42 @@ class ServedModel:
                             execution_provider=self.runtime.provider, limits=pb_limits, host_check=host_check,
                             source_languages=self.languages.source_codes, target_languages=self.languages.target_codes)  # fmt: skip
 
-    def _answer(self, group: asyncio.TaskGroup, source: Source, sentence: Sentence, options: SearchOptions,
+    async def _stream_page(self, task: Task, deadline: float) -> AsyncIterator[pb.TranslateStreamResponse]:
+        """An HTML page part by part: each part (markup, a block's text with its inline tags, an attribute value) goes out
+        once it and every part before it is translated; the last message holds the rest and the page's n-best.
+
+        All of the page's sentences run at once; the deltas join to hypotheses[0].text (each part is rendered from its
+        texts' best translations, which are final once their sentences are done)."""
+        (document,) = task.documents or ()
+        jobs = [[self._answer(None, source, sentence, self._sentence_options(task, number), deadline)
+                 for number, sentence in enumerate(source.sentences)] for source in task.sources]  # fmt: skip
+        try:
+            texts: list[str | None] = [None] * len(task.sources)
+            parts, sent = 0, 0  # parts and characters sent so far
+            for index, (source, text_jobs) in enumerate(zip(task.sources, jobs, strict=True)):
+                texts[index] = self._joined(source, [await job for job in text_jobs])[0].text
+                ready = list(document.rendered_parts(texts, parts))
+                parts += len(ready)
+                delta = "".join(ready)
+                if delta and parts < len(document.parts):
+                    sent += len(delta)
+                    yield pb.TranslateStreamResponse(text_delta=delta)
+            translations = [pb.Translation(hypotheses=self._joined(source, [job.result() for job in text_jobs]))
+                            for source, text_jobs in zip(task.sources, jobs, strict=True)]  # fmt: skip
+            (page,) = rendered([document], translations)
+            yield pb.TranslateStreamResponse(text_delta=page.hypotheses[0].text[sent:], final=True, hypotheses=page.hypotheses)
+        finally:
+            for text_jobs in jobs:
+                for job in text_jobs:
+                    job.cancel()
+
+    def _answer(self, group: asyncio.TaskGroup | None, source: Source, sentence: Sentence, options: SearchOptions,
                 deadline: float) -> asyncio.Future[list[Hypothesis]]:  # fmt: skip
-        """The sentence's n-best: from the cache, else a task of `group` that runs it and keeps the answer."""
+        """The sentence's n-best: from the cache, else a task (of `group`, when given) that runs it and keeps the answer."""
         text, cached = self._look_up(source, sentence, options)
         if cached is None:
-            return group.create_task(self._translate_sentence(text, source, sentence, options, deadline))
+            work = self._translate_sentence(text, source, sentence, options, deadline)
+            return group.create_task(work) if group is not None else asyncio.create_task(work)
         answered: asyncio.Future[list[Hypothesis]] = asyncio.get_running_loop().create_future()
         answered.set_result(cached)
         return answered
