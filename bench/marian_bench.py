@@ -12,11 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import resource
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -28,10 +24,10 @@ require_extra("nmt-marian-bench", "dev", ["torch", "transformers", "sentencepiec
 import torch  # noqa: E402
 
 from nmt_serve.bench.engine_bench import format_table, time_cells  # noqa: E402
+from nmt_serve.bench.import_timing import ImportTimings, add_import_arguments, import_and_export  # noqa: E402
 from nmt_serve.bench.random_marian import OPUS_MT_SHAPE, OPUS_MT_VOCAB, build_marian_dir, german_sentences  # noqa: E402
 from nmt_serve.bench.report import write_report  # noqa: E402
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, add_cell_arguments, cells_from  # noqa: E402
-from nmt_serve.model.corpus import write_tsv  # noqa: E402
 from nmt_serve.model.padding import pad_sources  # noqa: E402
 from nmt_serve.model.tokenizer import Tokenizer  # noqa: E402
 from nmt_serve.runtime.manifest import load_model_dir  # noqa: E402
@@ -62,31 +58,13 @@ class TransformersSystem:
 
 
 class SourceEosSystem:
-    """A CTranslate2 translator fed Marian's source layout: the tokens, then </s> (MarianTokenizer appends it)."""
+    """A CTranslate2 translator fed the source layout of Marian and NLLB: the tokens, then </s> (their tokenizers append it)."""
 
     def __init__(self, inner: CTranslate2System, eos_id: int) -> None:
         self.inner, self.eos_id, self.name = inner, eos_id, inner.name
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         return self.inner.run([[*source, self.eos_id] for source in sources], cell)
-
-
-def timed_import(source_dir: Path, out: Path, parity_limit: int, test: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GB) of `nmt-import marian` (checkpoint, tokenizers, parity with transformers)."""
-    started = time.perf_counter()
-    command = [sys.executable, "-m", "nmt_serve.importers.import_command", "marian", str(source_dir), "--out", str(out),
-               "--parity-limit", str(parity_limit), "--parity-test", str(test)]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - started
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6  # ru_maxrss is in kB on Linux
-
-
-def timed_export(checkpoint: Path, precision: str, test: Path) -> float:
-    started = time.perf_counter()
-    command = [sys.executable, "-m", "nmt_serve.export.onnx_export", str(checkpoint), "--out", str(checkpoint / f"onnx-{precision}"),
-               "--precision", precision, "--parity-test", str(test), "--parity-limit", str(PARITY_SENTENCES)]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
 
 
 def build_systems(source_dir: Path, checkpoint: Path, work: Path, threads: int) -> list[System]:
@@ -119,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-marian-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     add_cell_arguments(parser, repeats=5)
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every system")
-    parser.add_argument("--parity-limit", type=int, default=16, help="sentences the import compares with transformers")
+    add_import_arguments(parser, parity_limit=16)
     parser.add_argument("--out", type=Path, default=Path("bench/results/marian.md"))
     return parser
 
@@ -132,21 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         source_dir = build_marian_dir(work / "opus-mt-de-en", vocab_size=OPUS_MT_VOCAB, **OPUS_MT_SHAPE)
-        test = work / "sentences.tsv"
-        write_tsv(str(test), [(text, "") for text in german_sentences(200, seed=21)])
-        checkpoint = work / "imported"
-        import_seconds, import_rss = timed_import(source_dir, checkpoint, args.parity_limit, test)
-        export_seconds = {precision: timed_export(checkpoint, precision, test) for precision in ("fp32", "int8")}
+        timings = ImportTimings("marian", args.parity_limit, PARITY_SENTENCES)
+        checkpoint = import_and_export(source_dir, "marian", work, german_sentences(200, seed=21), timings)
         systems = build_systems(source_dir, checkpoint, work, args.threads)
         gc.freeze()
         sources = Tokenizer.load(checkpoint).encode_batch(german_sentences(max(c.batch for c in cells), seed=22))
         results = time_cells(systems, sources, cells, args.repeats)
         sections = [
             format_table(f"opus-mt-de-en shape (random weights), output length {args.length}, {args.threads} threads", systems, cells, results),
-            "| step | wall seconds | peak RSS |\n|---|---|---|\n"
-            f"| nmt-import marian (checkpoint, tokenizers, parity with transformers on {args.parity_limit} sentences) | {import_seconds:.1f} | "
-            f"{import_rss:.2f} GB |\n" + "".join(f"| nmt-export --precision {p} (with parity on {PARITY_SENTENCES} sentences) | {s:.1f} | |\n"
-                                                for p, s in export_seconds.items()),
+            timings.table(),
             format_agreement(checkpoint),
         ]  # fmt: skip
     write_report("OPUS-MT-shaped model: nmt-import + our engine against CTranslate2 and transformers", "nmt-marian-bench", argv, sections, args.out)

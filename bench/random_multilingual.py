@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ def multilingual_sentences(count: int, seed: int) -> list[str]:
 # The tiny shape the tests use; the NLLB-200 distilled 600M shape is d_model 1024, 12 + 12 layers, FFN 4096, 16 heads.
 TINY_SHAPE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)  # fmt: skip
+NLLB_VOCAB = 256_206  # NLLB-200's embedding rows (its tokenizer's ids, then unused ones)
 NLLB_600M_SHAPE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16, decoder_attention_heads=16,
                        encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)  # fmt: skip
 
@@ -106,16 +108,19 @@ def build_multilingual_dir(out: Path, family: str, seed: int = 0, model_type: st
     settings.update(config_overrides)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(M2M100Config(**settings))
+    # The spreads below were chosen at the tiny shape's width; scaled by it, a wider model's products keep the
+    # same size per layer instead of growing sqrt(width / 32)-fold at each of them (overflowing the logits).
+    width_scale = math.sqrt(TINY_SHAPE["d_model"] / int(settings["d_model"]))  # type: ignore[call-overload]
     with torch.no_grad():
         # init_std 0.02 leaves every logit ~0 and the residual stream to the token fed, so greedy repeats it;
         # these spreads give outputs a clear argmax that moves with the input and the target language.
-        model.model.shared.weight.normal_(0.0, 1.0)
+        model.model.shared.weight.normal_(0.0, 1.0 * width_scale)
         model.model.shared.weight[code_ids] *= 0.1  # 202 codes among ~360 ids would otherwise fill the outputs
         for name, parameter in model.named_parameters():
             if "layer_norm" in name:  # away from (1, 0), so a misplaced norm shows
                 parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
             elif name.endswith("weight") and ("proj" in name or ".fc" in name):
-                parameter.normal_(0.0, 0.35)
+                parameter.normal_(0.0, 0.35 * width_scale)
     model.save_pretrained(str(out))
     return out
 
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("family", choices=FAMILIES, help="tokenizer family to write")
     parser.add_argument("out", type=Path, help="Hugging Face dir to write (must not exist; parent dirs are created)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the SentencePiece training text (default: 0)")
-    parser.add_argument("--nllb-600m-shape", action="store_true", help="NLLB-200 distilled 600M's shape (d_model 1024, 12 + 12 layers) instead of a tiny model")
+    parser.add_argument("--nllb-600m-shape", action="store_true", help="NLLB-200 distilled 600M's shape (d_model 1024, 12 + 12 layers; with nllb, its 256,206 ids) instead of a tiny model")
     return parser
 
 
@@ -137,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"nmt-random-multilingual: OUT {args.out}: already exists; choose a new dir\n")
         return 1
     shape: dict[str, object] = dict(NLLB_600M_SHAPE) if args.nllb_600m_shape else dict(max_position_embeddings=256)
+    if args.nllb_600m_shape and args.family == "nllb":
+        shape["vocab_size"] = NLLB_VOCAB  # its output projection is most of a decoder step's work
     build_multilingual_dir(args.out, args.family, seed=args.seed, **shape)  # type: ignore[arg-type]
     print(f"wrote a random {args.family} model to {args.out}; import it with: nmt-import {args.family} {args.out} --out models/NAME --export int8")
     return 0

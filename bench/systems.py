@@ -75,7 +75,8 @@ class EngineSystem:
     With several engines (the server's `--engines`), each source goes to the least loaded engine, as
     the server's scheduler sends requests, and each engine steps in its own thread."""
 
-    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1, decoder_profile_prefix: str = "") -> None:
+    def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1, decoder_profile_prefix: str = "",
+                 target_prefix: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16,
                                                           decoder_profile_prefix=decoder_profile_prefix))  # fmt: skip
         self.runtime.warm_up()
@@ -84,6 +85,7 @@ class EngineSystem:
         self.engines = [Engine(self.runtime, EngineLimits(max_rows=1024, max_cache_tokens=1 << 22), self.metrics) for _ in range(engines)]
         self.engine = self.engines[0]
         self.name = f"nmt-serve {label}"
+        self.target_prefix = target_prefix  # a multilingual model's target-language token, forced first (counted in the length)
         self.cell_profiles: dict[Cell, StepProfile] = {}  # where step time went, per cell this system ran
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
@@ -94,7 +96,7 @@ class EngineSystem:
         return tokens
 
     def _run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
-        options = forced_options(cell)
+        options = replace(forced_options(cell), target_prefix=self.target_prefix)
         started = time.perf_counter()
         jobs = [self.engines[least_loaded(self.engines)].submit(source, options) for source in sources]
         if len(self.engines) == 1:
@@ -117,19 +119,21 @@ class CTranslate2System:
     """CTranslate2 on a model converted from our checkpoint (bench/ct2_convert.py). With several workers
     (its `inter_threads`, its documented setting for throughput) a batch is split among them."""
 
-    def __init__(self, model_dir: Path, tokens: list[str], threads: int, label: str, workers: int = 1) -> None:
+    def __init__(self, model_dir: Path, tokens: list[str], threads: int, label: str, workers: int = 1, target_prefix: Sequence[str] = ()) -> None:
         import ctranslate2
 
         self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=workers)
         self.tokens = tokens
         self.workers = workers
+        self.target_prefix = list(target_prefix)  # a multilingual model's target-language token (part of the decoded length)
         self.name = f"ctranslate2 {label}"
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         batch = [[self.tokens[i] for i in source] for source in sources]
         split = 0 if self.workers == 1 else math.ceil(len(batch) / self.workers)  # 0: one batch, unsplit
         # CTranslate2 counts the length without BOS; min = max forces exactly `length` tokens.
+        prefixes = [self.target_prefix] * len(batch) if self.target_prefix else None
         results = self.translator.translate_batch(
-            batch, beam_size=cell.beam, max_decoding_length=cell.length, min_decoding_length=cell.length, max_batch_size=split
+            batch, target_prefix=prefixes, beam_size=cell.beam, max_decoding_length=cell.length, min_decoding_length=cell.length, max_batch_size=split
         )
         return sum(len(result.hypotheses[0]) for result in results)

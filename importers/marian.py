@@ -237,10 +237,11 @@ def map_weights(source: MarianSource, weights: Mapping[str, torch.Tensor], our_n
 def load_mapped_model(config: ModelConfig, directory: Path, weights_file: Path,
                       map_state: Callable[[Mapping[str, torch.Tensor], list[str]], dict[str, torch.Tensor]]) -> Transformer:  # fmt: skip
     """Our Transformer with the weights file's tensors as `map_state` names them; shape mismatches are refused."""
-    model = Transformer(config)
-    state = map_state(read_weights(weights_file), list(model.state_dict()))
+    with torch.device("meta"):  # only the names: the weights are the file's tensors (Transformer.from_state)
+        names = list(Transformer(config).state_dict())
+    state = map_state(read_weights(weights_file), names)
     try:
-        model.load_state_dict(state)
+        model = Transformer.from_state(config, state)
     except RuntimeError as error:  # shape mismatches: name the first lines torch reports
         raise MarianImportError(directory, [f"{weights_file.name}: {str(error).splitlines()[1].strip()}"]) from error
     return model.eval()

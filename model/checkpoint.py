@@ -71,8 +71,7 @@ def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
         if not (directory / name).is_file():
             raise FileNotFoundError(f"checkpoint {directory}: missing {name}")
     config = ModelConfig.load(directory / CONFIG_FILE)
-    model = Transformer(config)
-    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=device))
+    model = Transformer.from_state(config, load_file(str(directory / WEIGHTS_FILE), device=device))
     model.to(device).eval()
     tokenizer = Tokenizer.load(directory)
     if tokenizer.vocab_size != config.vocab_size:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -162,13 +163,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
-        table = sinusoidal_table(config.max_positions, config.d_model, config.position_layout, config.position_offset)
-        self.register_buffer("position_table", table, persistent=False)
+        self.compute_buffers()
         # Marian's final_logits_bias; absent (not a zero tensor) for models without one, so their checkpoints are unchanged.
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
-        banned = torch.zeros(config.vocab_size)
-        banned[list(config.banned_ids)] = -math.inf
-        self.register_buffer("banned_log_probs", banned, persistent=False)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
@@ -176,6 +173,27 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else None
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else None
         self.reset_parameters()
+
+    @classmethod
+    def from_state(cls, config: ModelConfig, state: Mapping[str, Tensor]) -> Transformer:
+        """A model holding `state`'s tensors themselves (float32; float16 ones cast): built on the meta device, so
+        no random weights are made only to be overwritten, and the weights are in memory once, not twice (a
+        600M-parameter model: 2.5 GB less at its peak). Shape mismatches and missing names raise as in load_state_dict."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state.items()}, assign=True)
+        model.compute_buffers()
+        return model
+
+    def compute_buffers(self) -> None:
+        """The buffers derived from the config (not stored in checkpoints): the position table and the banned ids' -inf."""
+        config = self.config
+        with torch.device("cpu"):  # real tensors even when the model itself is being built on the meta device
+            table = sinusoidal_table(config.max_positions, config.d_model, config.position_layout, config.position_offset)
+            banned = torch.zeros(config.vocab_size)
+            banned[list(config.banned_ids)] = -math.inf
+        self.register_buffer("position_table", table, persistent=False)
+        self.register_buffer("banned_log_probs", banned, persistent=False)
 
     def reset_parameters(self) -> None:
         for parameter in self.parameters():

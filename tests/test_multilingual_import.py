@@ -16,7 +16,7 @@ from nmt_serve.runtime.self_check import check_model_dir
 from tests.import_sources import config_variant, refused_import
 
 pytest.importorskip("transformers", reason="nmt-import needs the import extra")
-from nmt_serve.importers import m2m100  # noqa: E402
+from nmt_serve.importers import m2m100, marian_parity  # noqa: E402
 from nmt_serve.importers.import_command import main as import_main  # noqa: E402
 from nmt_serve.importers.marian_parity import compare_with_transformers  # noqa: E402
 
@@ -148,3 +148,15 @@ def test_unsupported_sources_are_refused_by_name(nllb_dir: Path, tmp_path: Path,
     message = run_import("nllb", nllb_dir, out, capsys, "--target-language", "tlh")
     assert "--target-language 'tlh' is not a language of this model" in message
     assert "names several of the model's languages (zho_Hans, zho_Hant)" in run_import("nllb", nllb_dir, out, capsys, "--target-language", "zh")
+
+
+def test_teacher_forced_comparison_in_row_chunks_equals_the_whole_batch(nllb_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log-prob comparison is made in chunks of rows when the vocabulary is large; one row per chunk gives the batch's figure."""
+    source = m2m100.read_source(nllb_dir, "nllb")
+    model, (tokenizer, languages) = m2m100.build_model(source), m2m100.build_tokenizer(source)
+    arguments = (nllb_dir, model, tokenizer, sentence_table(8, 3), 12)
+    whole = compare_with_transformers(*arguments, prefixes=languages.prefixes("deu_Latn", "fra_Latn"))
+    monkeypatch.setattr(marian_parity, "LOG_PROB_ELEMENTS", 1)
+    by_row = compare_with_transformers(*arguments, prefixes=languages.prefixes("deu_Latn", "fra_Latn"))
+    assert by_row["max_abs_log_prob_diff"] == pytest.approx(whole["max_abs_log_prob_diff"], abs=1e-6)
+    assert by_row["greedy_identical"] == whole["greedy_identical"]

@@ -112,3 +112,23 @@ def test_transformer_rows_at_different_positions_equal_rows_alone(model: Transfo
     log_probs, _ = model.decode_step(next_tokens, positions, past, past_mask, cross, src_mask)
     for row in range(3):
         assert (log_probs[row, 0] - expected[row]).abs().max() <= TOL
+
+
+def test_from_state_holds_the_given_tensors_and_computes_like_a_loaded_model(model: Transformer) -> None:
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    rebuilt = Transformer.from_state(model.config, state).eval()
+    assert rebuilt.embed.weight.data_ptr() == state["embed.weight"].data_ptr()  # no second copy of the weights
+    assert not any(buffer.is_meta for buffer in rebuilt.buffers())
+    src, tgt = random_ids(model, 2, 7, seed=3), random_ids(model, 2, 5, seed=4)
+    mask = torch.ones_like(src, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(src, mask, tgt), model(src, mask, tgt))
+
+
+def test_from_state_casts_a_half_checkpoint_and_refuses_missing_tensors(model: Transformer) -> None:
+    half = {name: tensor.half() for name, tensor in model.state_dict().items()}
+    rebuilt = Transformer.from_state(model.config, half)
+    assert all(parameter.dtype == torch.float32 for parameter in rebuilt.parameters())
+    del half["embed.weight"]
+    with pytest.raises(RuntimeError, match="embed.weight"):
+        Transformer.from_state(model.config, half)
