@@ -105,14 +105,19 @@ def cut(pieces: Sequence[Span], verbatim: Sequence[Span], text: str) -> list[Spa
             continue
         cursor = start
         for v_start, v_end in [*inside, (end, end)]:
-            _add_piece(out, text, cursor, v_start)
+            _add_piece(out, text, cursor, v_start, after_span=cursor > start)
             cursor = max(cursor, v_end)
     return out
 
 
-def _add_piece(out: list[Span], text: str, start: int, end: int) -> None:
-    """text[start:end] trimmed of whitespace, when a letter is left in it."""
-    while start < end and text[start].isspace():
+# Separators a piece may start with right after a span ("Strg+S, um ..."): kept as written, since a model
+# translating ", um das Dokument zu speichern." as a sentence of its own drops them.
+_SEPARATORS_AFTER_SPAN = ",;:"
+
+
+def _add_piece(out: list[Span], text: str, start: int, end: int, after_span: bool = False) -> None:
+    """text[start:end] trimmed of whitespace (and, after a span, of leading separators), when a letter is left in it."""
+    while start < end and (text[start].isspace() or (after_span and text[start] in _SEPARATORS_AFTER_SPAN)):
         start += 1
     while end > start and text[end - 1].isspace():
         end -= 1

@@ -83,6 +83,12 @@ def test_cut_translates_the_pieces_between_spans_and_keeps_punctuation_between_t
     assert [text[start:end] for start, end in pieces] == ["Bearbeiten Sie", "und", "Dann neu starten."]
 
 
+def test_cut_keeps_the_separator_after_a_span_as_written() -> None:
+    text = "Drücken Sie Strg+S, um das Dokument zu speichern; oder /etc/fstab: dort."
+    pieces = cut([(0, len(text))], detect(text), text)
+    assert [text[start:end] for start, end in pieces] == ["Drücken Sie", "um das Dokument zu speichern; oder", "dort."]
+
+
 def test_cut_keeps_a_sentence_that_is_only_spans_whole() -> None:
     text = "/etc/fstab, /etc/hosts."
     assert cut([(0, len(text))], detect(text), text) == []
