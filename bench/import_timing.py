@@ -47,7 +47,8 @@ def add_import_arguments(parser: argparse.ArgumentParser, parity_limit: int) -> 
 def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: Sequence[str], timings: ImportTimings) -> Path:
     """Imports `source_dir` into work/imported and exports each precision into it; fills `timings`; returns the checkpoint dir."""
     test = work / "parity-sentences.tsv"
-    write_tsv(str(test), [(text, "") for text in parity_texts])
+    # One line per sentence: tabs and line breaks inside a text (the multilingual table has them) become spaces.
+    write_tsv(str(test), [(" ".join(text.split()), "") for text in parity_texts])
     checkpoint = work / "imported"
     started = time.perf_counter()
     run_quietly(["nmt_serve.importers.import_command", family, str(source_dir), "--out", str(checkpoint),
