@@ -75,7 +75,10 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         raise ValueError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got {scheme!r}")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        # A graph past 2 GB keeps its weights in a file beside it (NLLB-200 600M's fp32 encoder, 1.8 GB of them):
+        # the pre-processing must write its temporary models that way too, or it cannot read them back.
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, save_as_external_data=has_external_data(source),
+                          all_tensors_to_one_file=True)  # fmt: skip
         op_types = ["MatMul", "Gemm", "Gather"]
         if scheme in ("w8-fp32", "w8a8-rows"):
             quantize_weights_blockwise(prepared, prepared, accuracy_level=4 if scheme == "w8a8-rows" else None)
@@ -90,6 +93,13 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
             model = onnx.load(str(target))
             quantize_rows(model)
             onnx.save(model, str(target))
+
+
+def has_external_data(path: Path) -> bool:
+    """Whether the ONNX file at `path` keeps any initializer in an external data file."""
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(tensor) for tensor in onnx.load(str(path), load_external_data=False).graph.initializer)
 
 
 def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32, accuracy_level: int | None = None) -> None:

@@ -114,3 +114,18 @@ def test_int8_saturation_free_schemes_stay_close_to_fp32(tmp_path: Path, scheme:
     x = rng.normal(size=(ROWS, DEPTH)).astype(np.float32)
     y = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.abs(y - x @ weight).max() <= 0.05 * np.abs(x @ weight).max()
+
+
+def test_int8_conversion_reads_a_graph_with_external_weights(tmp_path: Path) -> None:
+    """A graph past 2 GB keeps its weights in a data file beside it; converting one must give the same int8 graph."""
+    weight = np.random.default_rng(3).normal(size=(DEPTH, COLUMNS)).astype(np.float32)
+    one_matmul_model(tmp_path / "inline.onnx", weight)
+    external = tmp_path / "external" / "fp32.onnx"
+    external.parent.mkdir()
+    onnx.save_model(onnx.load(str(tmp_path / "inline.onnx")), str(external), save_as_external_data=True, location="fp32.onnx.data", size_threshold=0)
+    assert (external.parent / "fp32.onnx.data").is_file()
+    convert_to_int8(tmp_path / "inline.onnx", tmp_path / "from-inline.onnx")
+    convert_to_int8(external, tmp_path / "from-external.onnx")
+    x = np.random.default_rng(4).normal(size=(ROWS, DEPTH)).astype(np.float32)
+    outputs = [make_session(tmp_path / name, ["CPUExecutionProvider"]).run(None, {"x": x})[0] for name in ("from-inline.onnx", "from-external.onnx")]
+    assert np.array_equal(*outputs)
