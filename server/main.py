@@ -44,6 +44,9 @@ OVERALL = ""  # grpc.health.v1's name for the whole server
 # waiting at most DRAIN_QUIET_MAX_S: a balancer keeps sending to a replica until its port closes.
 DRAIN_QUIET_S = 0.05
 DRAIN_QUIET_MAX_S = 2.0
+# The longest wait for calls cut off at the end of the grace period, and for the held refusals, to be answered.
+CUT_OFF_ANSWER_S = 1.0
+RELEASE_S = 1.0
 
 
 class Server:
@@ -189,27 +192,35 @@ class Server:
         deadline = loop.time() + self.settings.grace_s
         while self.scheduler.in_flight and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        # Calls grpc core holds unhanded when the server stops end CANCELLED (see server/api/arrivals.py): stop at a
-        # quiet moment, when the handlers have answered every call that arrived.
-        # Refusals are held meanwhile and answered together just before the stop (server/api/admission.py): clients that
-        # back off after an UNAVAILABLE are then all backing off. Six SIGTERMs under 16 clients backing off 0.1 s
-        # gave CANCELLED in 1 of 6 without the hold (bench/results/load.md).
-        cut_off = self.service.calls_running if loop.time() >= deadline else 0
+        # Calls still running now are answered UNAVAILABLE (retryable) by their handlers, not left for grpcio's stop,
+        # which would cancel them (CANCELLED at the client).
+        cut_off = self.service.cut_off() if loop.time() >= deadline else 0
         if cut_off:
             self.metrics.cut_off.inc(cut_off)
-            logger.warning("grace period of %.3g s over: %d call(s) still running cut off", self.settings.grace_s, cut_off)
+            logger.warning("grace period of %.3g s over: %d call(s) still running cut off (answered UNAVAILABLE)", self.settings.grace_s, cut_off)
+            answered_by = loop.time() + CUT_OFF_ANSWER_S
+            while self.service.calls_running and loop.time() < answered_by:
+                await asyncio.sleep(0.005)
         # The HTTP server stops first (its calls were refused with 503 since the scheduler began draining, like gRPC's):
-        # its stop can take up to a second, which must not fall between the release of the held refusals and the gRPC
-        # server's stop, where clients backing off after them would come back and meet the stop.
+        # its stop can take up to a second, which must not fall inside the last phase below.
         if self.http is not None:
             await self.http.stop()
+        # grpc core ends CANCELLED a call it holds unhanded when the server stops, and one that reaches it on an open
+        # connection after the stop, before the client has read the GOAWAY (grpc/grpc#41785). So: refusals are held
+        # (server/api/admission.py) until no call has reached a handler for DRAIN_QUIET_S; a client whose call is held
+        # sends nothing. Then the stop begins (GOAWAY on every connection, the port closed), and only then are the held
+        # refusals answered: on each connection the GOAWAY goes out before the UNAVAILABLE, so a client that retries at
+        # once, however short its back-off, sends its retry to a closed port (UNAVAILABLE), never into the stop.
         quiet_until = min(deadline, loop.time() + DRAIN_QUIET_MAX_S)
         self.admission.hold()
         while self.arrivals.quiet_for() < DRAIN_QUIET_S and loop.time() < quiet_until:
             await asyncio.sleep(DRAIN_QUIET_S / 5)
-        await self.admission.release()
         logger.info("stopping the gRPC server; last call arrived %.3f s ago", self.arrivals.quiet_for())
-        await server.stop(max(0.0, deadline - loop.time()))
+        # The held refusals are still to be answered: the stop's grace covers them even when the drain's is over.
+        stopped = asyncio.create_task(server.stop(max(deadline - loop.time(), RELEASE_S)))
+        await asyncio.sleep(0)  # the stop task runs until its first wait: grpc core has begun the stop
+        await self.admission.release(RELEASE_S)
+        await stopped
         self.scheduler.stop()
         self._stop_metrics()
         logger.info("stopped")

@@ -7,7 +7,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +88,56 @@ def test_serve_sigterm_under_load_loses_no_admitted_request(served: Served) -> N
     assert "draining" in output and "stopped" in output
 
 
+def retry_until_refused(target: str, back_off_s: float, signalled: threading.Event, codes: Counter[str]) -> None:
+    """One client: Translate again and again, backing off `back_off_s` after an UNAVAILABLE, until the port refuses
+    the connection after the SIGTERM; every status it receives is counted in `codes` ("refused" for that last one)."""
+    request = pb.TranslateRequest(texts=["Hund"], options=pb.DecodingOptions(max_output_tokens=2))
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.TranslationServiceStub(channel)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                stub.Translate(request, timeout=20)
+                codes["OK"] += 1
+            except grpc.RpcError as error:
+                shutting_down = "shutting down" in (error.details() or "")
+                if error.code() is grpc.StatusCode.UNAVAILABLE and not shutting_down:
+                    if signalled.is_set():  # the port is closed: this server is gone
+                        codes["refused"] += 1
+                        return
+                    codes["UNAVAILABLE before the signal"] += 1
+                else:
+                    codes[error.code().name] += 1
+                time.sleep(back_off_s)
+
+
+@pytest.mark.parametrize("back_off_s", [0.0, 0.1])
+def test_serve_sigterm_answers_clients_retrying_at_once_with_results_or_unavailable_never_cancelled(tiny_model_dir: Path, tmp_path: Path,
+                                                                                                      back_off_s: float) -> None:
+    """Clients that retry an UNAVAILABLE after `back_off_s` (0: at once) keep calling through a SIGTERM: each call is
+    answered with its result or UNAVAILABLE, never CANCELLED (grpc core cancels the calls it holds unhanded when the
+    server stops, and those reaching it on an open connection during the stop, grpc/grpc#41785)."""
+    process, target = start_server(tiny_model_dir, tmp_path, "--grace-s", "10")
+    codes: Counter[str] = Counter()
+    signalled = threading.Event()
+    clients = [threading.Thread(target=retry_until_refused, args=(target, back_off_s, signalled, codes)) for _ in range(16)]
+    try:
+        for client in clients:
+            client.start()
+        assert wait_for(lambda: codes["OK"] >= 32, 30), f"the clients got no answers: {codes}"
+        signalled.set()
+        process.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(60)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert codes["UNAVAILABLE"] > 0 and codes["refused"] == len(clients), codes
+    assert set(codes) <= {"OK", "UNAVAILABLE", "refused"}, codes
+
+
 def test_serve_drain_closes_the_port_only_once_calls_stop_arriving(tiny_model_dir: Path) -> None:
     """grpc core ends calls it holds unhanded at server stop CANCELLED (grpc/grpc#41785); the drain therefore keeps
     answering UNAVAILABLE until no call has arrived for DRAIN_QUIET_S, at most DRAIN_QUIET_MAX_S. Arrivals are
@@ -144,9 +196,12 @@ def test_serve_calls_cut_off_at_the_end_of_the_grace_period_are_logged_and_count
             assert wait_for(lambda: running.server.scheduler.in_flight > 0, 10)
             running.server.request_stop()
             assert wait_for(lambda: not running.is_running(), 20)
-            with pytest.raises(grpc.RpcError):
+            with pytest.raises(grpc.RpcError) as cut_off:
                 call.result(timeout=10)
+    # Answered by its handler, retryable, not cancelled by grpcio's stop.
+    assert cut_off.value.code() is grpc.StatusCode.UNAVAILABLE and "grace period" in cut_off.value.details()
     assert "1 call(s) still running cut off" in caplog.text
+    assert 'nmt_requests_total{code="UNAVAILABLE",method="Translate"' in running.server.metrics.exposition()
     assert "nmt_cut_off_calls_total 1.0" in running.server.metrics.exposition()
 
 
@@ -228,9 +283,10 @@ def test_serve_tls_port_refuses_plaintext(tiny_model_dir: Path, tmp_path: Path) 
             assert pb_grpc.TranslationServiceStub(secure).Translate(request, timeout=30).translations
 
 
-def test_serve_drain_stops_grpc_right_after_releasing_the_held_refusals(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Clients backing off 0.1 s after the released refusals must find the port closed, not a server stopping: the HTTP
-    server's stop (up to a second with calls still writing) comes before the hold, not between release and stop."""
+def test_serve_drain_begins_the_grpc_stop_before_releasing_the_held_refusals(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients retrying after the released refusals must find the port closed, not a server stopping: the gRPC stop
+    (GOAWAY, port closed) begins before the release, and the HTTP server's stop (up to a second with calls still
+    writing) comes before both."""
     from grpc.aio._server import Server as AioServer
 
     events: list[str] = []
@@ -256,4 +312,4 @@ def test_serve_drain_stops_grpc_right_after_releasing_the_held_refusals(tiny_mod
         running.server.admission.release = recorded_release  # type: ignore[method-assign]
         running.server.request_stop()
         assert wait_for(lambda: not running.is_running(), 20)
-    assert events == ["http stop", "release", "grpc stop"]
+    assert events == ["http stop", "grpc stop", "release"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TranslationService"].full_name
 # The methods that take a place in the scheduler's queue (server/api/admission.py refuses them early when it is full).
 QUEUED_METHODS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Translate", "TranslateStream"))
+# A call still running when a drain's grace period ends: retryable on another replica.
+CUT_OFF = "server is shutting down: the grace period (--grace-s) ended before this call finished; retry"
 
 
 class Unparsable:
@@ -59,7 +62,10 @@ class TranslationService:
         self.models = models
         self.metrics = metrics
         self.settings = settings
-        self.calls_running = 0  # Translate and TranslateStream handlers not yet answered (the drain reports those it cuts off)
+        # The tasks of the Translate and TranslateStream handlers not yet answered; those the drain cuts off at the end of
+        # its grace period (cut_off) answer UNAVAILABLE instead of being cancelled by grpcio (CANCELLED at the client).
+        self._running: set[asyncio.Task[Any]] = set()
+        self._cut_off: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------ RPCs
 
@@ -70,30 +76,32 @@ class TranslationService:
             model = self._model(self._parsed(request).model, call)
             return await model.translate(request, self._deadline(context))
 
-        self.calls_running += 1
         texts = len(request.texts) if isinstance(request, pb.TranslateRequest) else None
-        try:
+        with self._counted():
             return await self._guard("Translate", context, answer(), call, texts)
-        finally:
-            self.calls_running -= 1
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest | Unparsable, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TranslateStreamResponse]:
         started, code, call = time.perf_counter(), grpc.StatusCode.OK, Call()
-        self.calls_running += 1
-        try:
-            model = self._model(self._parsed(request).model, call)
-            async for message in model.stream(request, self._deadline(context)):
-                yield message
-        except (asyncio.CancelledError, GeneratorExit):
-            # GeneratorExit: the client went away while the stream waited at a yield, and grpcio closed the generator.
-            code = self._cancel_code(context)
-            raise
-        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
-            code, message = self._status(error, call)
-            await abort(context, code, message)
-        finally:
-            self.calls_running -= 1
-            self._answered("TranslateStream", code, started, call, 1 if isinstance(request, pb.TranslateStreamRequest) else None)
+        with self._counted():
+            try:
+                model = self._model(self._parsed(request).model, call)
+                async for message in model.stream(request, self._deadline(context)):
+                    yield message
+            except asyncio.CancelledError:
+                if self._was_cut_off():
+                    code = grpc.StatusCode.UNAVAILABLE
+                    await abort(context, code, CUT_OFF)
+                code = self._cancel_code(context)
+                raise
+            except GeneratorExit:
+                # The client went away while the stream waited at a yield, and grpcio closed the generator.
+                code = self._cancel_code(context)
+                raise
+            except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
+                code, message = self._status(error, call)
+                await abort(context, code, message)
+            finally:
+                self._answered("TranslateStream", code, started, call, 1 if isinstance(request, pb.TranslateStreamRequest) else None)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest | Unparsable, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         call = Call()
@@ -110,6 +118,42 @@ class TranslationService:
 
         return await self._guard("ListModels", context, answer(), Call())
 
+    # ------------------------------------------------------------ the drain
+
+    @property
+    def calls_running(self) -> int:
+        """Translate and TranslateStream calls not yet answered."""
+        return len(self._running)
+
+    def cut_off(self) -> int:
+        """Ends every running Translate and TranslateStream call with UNAVAILABLE (retryable; the drain's grace period is
+        over); returns how many. Their requests leave the batch as a cancelled call's do."""
+        for task in self._running:
+            self._cut_off.add(task)
+            task.cancel()
+        return len(self._running)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        if task is None:  # not on an event loop's task: nothing the drain could cut off
+            yield
+            return
+        self._running.add(task)
+        try:
+            yield
+        finally:
+            self._running.discard(task)
+            self._cut_off.discard(task)
+
+    def _was_cut_off(self) -> bool:
+        """Whether the cancel being handled is the drain's cut_off; if so the task goes on as not cancelled (it answers)."""
+        task = asyncio.current_task()
+        if task is None or task not in self._cut_off:
+            return False
+        task.uncancel()
+        return True
+
     # ------------------------------------------------------------ helpers
 
     async def _guard(self, method: str, context: grpc.aio.ServicerContext, work: Awaitable[Any], call: Call, texts: int | None = None) -> Any:
@@ -120,6 +164,9 @@ class TranslationService:
             code, message = self._status(group.exceptions[0], call)
             await abort(context, code, message)
         except asyncio.CancelledError:
+            if self._was_cut_off():
+                code = grpc.StatusCode.UNAVAILABLE
+                await abort(context, code, CUT_OFF)
             code = self._cancel_code(context)
             raise  # the client went away or its deadline passed: grpcio reports that itself
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate status, see server/api/status.py
