@@ -27,7 +27,7 @@ from nmt_serve.server.api.http_server import HttpServer
 from nmt_serve.server.api.reflection import add_reflection
 from nmt_serve.server.api.request_deadline import RequestDeadline
 from nmt_serve.server.api.request_ids import RequestIds
-from nmt_serve.server.api.service import QUEUED_METHODS, SERVICE_NAME, TranslationService
+from nmt_serve.server.api.service import QUEUED_METHODS, SERVICE_NAME, TranslationService, transport_receive_limit
 from nmt_serve.server.engine.workers import available_cores, plan_workers
 from nmt_serve.server.models.access_log import AccessLog
 from nmt_serve.server.models.log_format import configure_logging
@@ -96,7 +96,8 @@ class Server:
         interceptors.insert(0, RequestIds())  # first: the refusals of the others carry the call's request id too
         if settings.auth_token:
             interceptors.append(BearerTokenInterceptor(settings.auth_token, self.metrics.refused))
-        options = [("grpc.max_receive_message_length", settings.max_message_bytes), ("grpc.so_reuseport", 0)]
+        # Above --max-message-bytes: the handlers answer a message between the two limits, and count it (server/api/service.py).
+        options = [("grpc.max_receive_message_length", transport_receive_limit(settings.max_message_bytes)), ("grpc.so_reuseport", 0)]
         if settings.max_connection_age_s > 0:
             # The grace lets every call on the old connection run to the longest deadline any call can have.
             options += [("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),

@@ -44,7 +44,7 @@ class ServerSettings:
     max_beam_size: int = 8
     # Sentences in one text when split_sentences is on: each is its own engine job, so this bounds one text's share of the queue.
     max_sentences_per_text: int = 64
-    max_message_bytes: int = 1 << 20  # grpc receive limit; larger messages get RESOURCE_EXHAUSTED from grpcio
+    max_message_bytes: int = 1 << 20  # larger request messages get RESOURCE_EXHAUSTED (server/api/service.py, transport_receive_limit)
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running

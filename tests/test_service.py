@@ -16,7 +16,9 @@ from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.service import SERVICE_NAME
 from nmt_serve.server.api.status import MAX_DETAIL_CHARS, status_for
 from nmt_serve.server.models.requests import ECHO_CHARS, InvalidRequest
-from tests.serving import RunningServer, server_settings
+from tests.raw_http2 import DATA, END_HEADERS, END_STREAM, HEADERS, frame, grpc_message, request_headers
+from tests.raw_http2 import call as raw_call
+from tests.serving import RunningServer, scrape, server_settings, wait_for
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute.", "Du habe einen großen Zug nicht."]
 
@@ -166,9 +168,41 @@ def test_service_text_over_the_char_limit_names_it_before_tokenizing(stub, runni
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_source_tokens" in details
 
 
-def test_service_message_over_the_transport_limit_is_resource_exhausted(stub, running: RunningServer) -> None:  # type: ignore[no-untyped-def]
-    code, _ = code_of(stub.Translate, texts_request("a" * (running.server.settings.max_message_bytes + 10)))
-    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+def answered(running: RunningServer, method: str) -> dict[str, float]:
+    """nmt_requests_total of `method` by code."""
+    samples = scrape(running.server.metrics_port)
+    return {dict(labels)["code"]: value for (name, labels), value in samples.items()
+            if name == "nmt_requests_total" and dict(labels).get("method") == method}  # fmt: skip
+
+
+def counted_once(running: RunningServer, before: dict[str, float], code: str) -> bool:
+    after = answered(running, "Translate")
+    return after.get(code, 0) == before.get(code, 0) + 1 and sum(after.values()) == sum(before.values()) + 1
+
+
+@pytest.mark.parametrize(("times_the_limit", "compression"), [(1, None), (5, None), (2, grpc.Compression.Gzip), (40, grpc.Compression.Gzip)],
+                         ids=["just over", "past grpc core's limit", "gzip to twice the limit", "gzip bomb"])  # fmt: skip
+def test_service_message_over_max_message_bytes_is_resource_exhausted_and_counted_so(stub, running: RunningServer, times_the_limit: int,
+                                                                                       compression: grpc.Compression | None) -> None:  # type: ignore[no-untyped-def]
+    """Whether nmt-serve's handler answers it (up to grpc core's receive limit, 4x) or grpc core does (past it), the
+    client gets RESOURCE_EXHAUSTED and nmt_requests_total counts RESOURCE_EXHAUSTED, once."""
+    limit = running.server.settings.max_message_bytes
+    before = answered(running, "Translate")
+    code, details = code_of(stub.Translate, texts_request("a" * (times_the_limit * limit + 10)), compression=compression, timeout=30)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    if times_the_limit < 4:  # ours: names the limit and the flag
+        assert f"the limit is {limit} bytes" in details and "--max-message-bytes" in details
+    assert wait_for(lambda: counted_once(running, before, "RESOURCE_EXHAUSTED"), 5), (before, answered(running, "Translate"))
+
+
+def test_service_corrupt_compressed_message_is_internal_from_grpc_core_counted_once(running: RunningServer) -> None:
+    """grpc core answers INTERNAL ("Decompression failed") and the handler cannot write its own status; it cannot tell
+    this from core's size refusal either, and counts RESOURCE_EXHAUSTED (docs/api.md)."""
+    before = answered(running, "Translate")
+    ending = raw_call(running.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(f"/{SERVICE_NAME}/Translate", ("grpc-encoding", "gzip"))),
+                      frame(DATA, END_STREAM, 1, grpc_message(b"\x1f\x8b\x08\x00 not gzip", compressed=True)), wait_s=10)  # fmt: skip
+    assert ending.how == "trailers" and ending.grpc_status == grpc.StatusCode.INTERNAL.value[0], ending
+    assert wait_for(lambda: counted_once(running, before, "RESOURCE_EXHAUSTED"), 5), (before, answered(running, "Translate"))
 
 
 def test_service_invalid_utf8_is_invalid_argument(running: RunningServer) -> None:

@@ -20,6 +20,14 @@ import grpc
 from nmt_serve.server.api.error_details import abort
 
 
+# What grpc core answers when it ends a call before handing its request message to the handler, which then sees the
+# stream end as if the message had been cut short, but cannot write its own status: a message over grpc core's receive
+# limit (server/api/service.py, transport_receive_limit), or one that decompresses past it, gets RESOURCE_EXHAUSTED.
+# A compressed message that does not decompress gets INTERNAL from core, and is counted RESOURCE_EXHAUSTED too: the
+# handler cannot see which of the two core answered (neither the code nor the call's grpc-encoding reaches it).
+CORE_REFUSAL = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class RequestDeadline(grpc.aio.ServerInterceptor):
     """`max_wait_s` bounds the wait for the request (the client's deadline when shorter); `on_failed(method, code, seconds)`
     is told of each call this ends (metrics)."""
@@ -88,7 +96,8 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             request = await self._next(context, method, started, wait_s, "the request message did not arrive")
             if request is grpc.aio.EOF:
                 await self._fail(context, method, started, grpc.StatusCode.INVALID_ARGUMENT,
-                                 "the request stream ended before a whole request message (cut short, or none sent)")  # fmt: skip
+                                 "the request stream ended before a whole request message (cut short, or none sent)",
+                                 answered_by_core=CORE_REFUSAL)  # fmt: skip
             return request
 
         async def ended(context: grpc.aio.ServicerContext) -> None:
@@ -118,7 +127,19 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             await self._fail(context, method, started, grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{late} within {wait_s:.3g} s")  # fmt: skip
 
-    async def _fail(self, context: grpc.aio.ServicerContext, method: str, started: float, code: grpc.StatusCode, message: str) -> None:
-        if self._on_failed is not None:
-            self._on_failed(method, code.name, time.perf_counter() - started)
-        await abort(context, code, message)
+    async def _fail(self, context: grpc.aio.ServicerContext, method: str, started: float, code: grpc.StatusCode, message: str,
+                    answered_by_core: grpc.StatusCode | None = None) -> None:
+        """Ends the call with `code`; counted under `answered_by_core` instead when grpc core had already answered it
+        (our status could not be written)."""
+        counted = code
+        try:
+            await abort(context, code, message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            if answered_by_core is not None:
+                counted = answered_by_core
+            raise
+        finally:
+            if self._on_failed is not None:
+                self._on_failed(method, counted.name, time.perf_counter() - started)

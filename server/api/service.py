@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.arrivals import ARRIVED
 from nmt_serve.server.api.error_details import abort
-from nmt_serve.server.api.status import NotReady, status_for
+from nmt_serve.server.api.status import MessageTooLarge, NotReady, status_for
 from nmt_serve.server.engine.scheduler import Rejected
 from nmt_serve.server.models.metrics import UNATTRIBUTED, Metrics
 from nmt_serve.server.models.registry import ModelRegistry
@@ -33,15 +33,47 @@ QUEUED_METHODS = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Translate
 CUT_OFF = "server is shutting down: the grace period (--grace-s) ended before this call finished; retry"
 
 
+# grpc core's own receive limit is this many times --max-message-bytes, at most TRANSPORT_SLACK_MAX_BYTES above it
+# (what one call may hold in memory): a message between the two reaches lenient(), which answers it RESOURCE_EXHAUSTED
+# naming the limit and the flag. What core refuses itself never reaches a handler as a message, only as an ended stream
+# (server/api/request_deadline.py, CORE_REFUSAL); the slack keeps that to messages far past the limit.
+TRANSPORT_SLACK_FACTOR = 4
+TRANSPORT_SLACK_MAX_BYTES = 16 << 20
+GRPC_MAX_LENGTH = (1 << 31) - 1  # grpc core's channel arguments are C ints
+
+
+def transport_receive_limit(max_message_bytes: int) -> int:
+    """grpc core's receive limit for a server whose messages may hold `max_message_bytes`: it bounds what one call
+    holds in memory (a compressed message decompresses at most this far)."""
+    slack = min((TRANSPORT_SLACK_FACTOR - 1) * max_message_bytes, TRANSPORT_SLACK_MAX_BYTES)
+    return min(max_message_bytes + slack, GRPC_MAX_LENGTH)
+
+
 class Unparsable:
     """Stands for a request grpcio could not parse (say, invalid UTF-8 in a string), so we can answer INVALID_ARGUMENT."""
 
     def __init__(self, message_type: str, problem: str) -> None:
         self.detail = f"request is not a valid {message_type}: {problem}"
 
+    def error(self) -> Exception:
+        return InvalidRequest(self.detail)
 
-def lenient(message_class: Any) -> Callable[[bytes], Any]:
+
+class Oversized(Unparsable):
+    """A request message over --max-message-bytes (after decompression) that grpc core let through: RESOURCE_EXHAUSTED."""
+
+    def __init__(self, message_type: str, size: int, limit: int) -> None:
+        self.detail = (f"request message {message_type} has {size} bytes; the limit is {limit} bytes (max_message_bytes, set by "
+                       "nmt-serve --max-message-bytes); send fewer or shorter texts per request")  # fmt: skip
+
+    def error(self) -> Exception:
+        return MessageTooLarge(self.detail)
+
+
+def lenient(message_class: Any, max_bytes: int) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
+        if len(data) > max_bytes:  # not parsed: its size alone answers it
+            return Oversized(message_class.DESCRIPTOR.name, len(data), max_bytes)
         try:
             return message_class.FromString(data)
         except DecodeError as error:
@@ -193,7 +225,7 @@ class TranslationService:
     @staticmethod
     def _parsed(request: Any) -> Any:
         if isinstance(request, Unparsable):
-            raise InvalidRequest(request.detail)
+            raise request.error()
         return request
 
     def _model(self, name: str, call: Call, need_ready: bool = True) -> ServedModel:
@@ -214,17 +246,18 @@ class TranslationService:
         return min(chosen, arrived + self.settings.max_deadline_s)
 
     def handler(self) -> grpc.GenericRpcHandler:
-        """Handlers with lenient request parsing (see Unparsable); responses serialise as usual."""
+        """Handlers with lenient request parsing (see Unparsable, Oversized); responses serialise as usual."""
+        limit = self.settings.max_message_bytes
         handlers = {
             "Translate": grpc.unary_unary_rpc_method_handler(
-                self.Translate, request_deserializer=lenient(pb.TranslateRequest), response_serializer=pb.TranslateResponse.SerializeToString),
+                self.Translate, request_deserializer=lenient(pb.TranslateRequest, limit), response_serializer=pb.TranslateResponse.SerializeToString),
             "TranslateStream": grpc.unary_stream_rpc_method_handler(
-                self.TranslateStream, request_deserializer=lenient(pb.TranslateStreamRequest),
+                self.TranslateStream, request_deserializer=lenient(pb.TranslateStreamRequest, limit),
                 response_serializer=pb.TranslateStreamResponse.SerializeToString),
             "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-                self.GetModelInfo, request_deserializer=lenient(pb.GetModelInfoRequest), response_serializer=pb.ModelInfo.SerializeToString),
+                self.GetModelInfo, request_deserializer=lenient(pb.GetModelInfoRequest, limit), response_serializer=pb.ModelInfo.SerializeToString),
             "ListModels": grpc.unary_unary_rpc_method_handler(
-                self.ListModels, request_deserializer=lenient(pb.ListModelsRequest),
+                self.ListModels, request_deserializer=lenient(pb.ListModelsRequest, limit),
                 response_serializer=pb.ListModelsResponse.SerializeToString),
         }  # fmt: skip
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)

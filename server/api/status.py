@@ -17,6 +17,10 @@ class NotReady(Exception):
     """The model is still loading or warming up."""
 
 
+class MessageTooLarge(Exception):
+    """A request message over --max-message-bytes."""
+
+
 REJECTION_CODES = {
     "queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "queue_tokens": grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -44,6 +48,8 @@ def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
 def _status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, MessageTooLarge):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, UnknownModel):
         return grpc.StatusCode.NOT_FOUND, str(error)
     if isinstance(error, NotReady):
