@@ -30,7 +30,8 @@ def convert_to_fp16(source: Path, target: Path) -> None:
 INT8_SCHEMES = ("u8s8-rows", "u8u8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
 ROW_SCHEMES = ("u8s8-rows", "u8u8-rows")  # activations quantized per row (export/row_quantization.py)
 DEFAULT_INT8_SCHEME = INT8_SCHEMES[0]
-OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
+OUTPUT_PROJECTION = "logits"
+PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file larger than this must keep its weights in an external data file  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
 
 
 def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEME) -> None:
@@ -75,10 +76,13 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         raise ValueError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got {scheme!r}")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
-        # A graph past 2 GB keeps its weights in a file beside it (NLLB-200 600M's fp32 encoder, 1.8 GB of them):
-        # the pre-processing must write its temporary models that way too, or it cannot read them back.
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, save_as_external_data=has_external_data(source),
-                          all_tensors_to_one_file=True)  # fmt: skip
+        # The pre-processing folds the tied output projection (a Transpose of the embedding) into a second copy of
+        # it, so its models can be twice the source: past protobuf's 2 GB (NLLB-200 600M's 1 GB embedding) they
+        # must keep their weights in a file beside them, or the folding fails quietly and every int8 step
+        # dequantizes and transposes the whole embedding (3.2x slower there). A source with external data
+        # (NLLB-200 600M's fp32 encoder) needs it too, or the pre-processing cannot read its own output back.
+        large = has_external_data(source) or 2 * source.stat().st_size >= PROTOBUF_LIMIT
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, save_as_external_data=large, all_tensors_to_one_file=True)
         op_types = ["MatMul", "Gemm", "Gather"]
         if scheme in ("w8-fp32", "w8a8-rows"):
             quantize_weights_blockwise(prepared, prepared, accuracy_level=4 if scheme == "w8a8-rows" else None)

@@ -129,3 +129,34 @@ def test_int8_conversion_reads_a_graph_with_external_weights(tmp_path: Path) -> 
     x = np.random.default_rng(4).normal(size=(ROWS, DEPTH)).astype(np.float32)
     outputs = [make_session(tmp_path / name, ["CPUExecutionProvider"]).run(None, {"x": x})[0] for name in ("from-inline.onnx", "from-external.onnx")]
     assert np.array_equal(*outputs)
+
+
+def tied_projection_model(path: Path, embedding: np.ndarray) -> None:
+    """The decoder's tied output: the embedding gathered for the token, and its Transpose as the vocabulary MatMul."""
+    nodes = [helper.make_node("Gather", ["embedding", "ids"], ["tokens"], name="token_embedding"),
+             helper.make_node("Transpose", ["embedding"], ["output_projection"], name="output_projection", perm=[1, 0]),
+             helper.make_node("MatMul", ["tokens", "output_projection"], ["logits"], name="logits")]  # fmt: skip
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", embedding.shape[0]])],
+                              [numpy_helper.from_array(embedding, "embedding")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_int8_tied_projection_is_folded_and_quantized_for_any_model_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool) -> None:
+    """The Transpose of the tied embedding is folded into its own int8 weight, never dequantized whole at every step.
+    A model whose folded copy passes protobuf's 2 GB takes the external-data path; a tiny limit sends this one there."""
+    from nmt_serve.export import optimize
+
+    if large:
+        monkeypatch.setattr(optimize, "PROTOBUF_LIMIT", 1)
+    embedding = np.random.default_rng(5).normal(size=(COLUMNS * 4, DEPTH)).astype(np.float32)
+    tied_projection_model(tmp_path / "fp32.onnx", embedding)
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    nodes = onnx.load(str(tmp_path / "int8.onnx")).graph.node
+    assert not [node.name for node in nodes if node.op_type in ("Transpose", "DequantizeLinear") and "output_projection" in "".join(node.output)]
+    assert any(node.op_type in ("MatMulInteger", "MatMulIntegerToFloat") for node in nodes), [node.op_type for node in nodes]
+    ids = np.arange(8, dtype=np.int64)
+    y = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    exact = embedding[ids] @ embedding.T
+    assert np.abs(y - exact).max() <= 0.05 * np.abs(exact).max()
