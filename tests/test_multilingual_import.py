@@ -158,5 +158,8 @@ def test_teacher_forced_comparison_in_row_chunks_equals_the_whole_batch(nllb_dir
     whole = compare_with_transformers(*arguments, prefixes=languages.prefixes("deu_Latn", "fra_Latn"))
     monkeypatch.setattr(marian_parity, "LOG_PROB_ELEMENTS", 1)
     by_row = compare_with_transformers(*arguments, prefixes=languages.prefixes("deu_Latn", "fra_Latn"))
-    assert by_row["max_abs_log_prob_diff"] == pytest.approx(whole["max_abs_log_prob_diff"], abs=1e-6)
+    # One row at a time changes the matrix shapes, so a CPU's GEMM kernels may round the last bits differently:
+    # the figures agree to well under the bound they are held to (LOG_PROB_BOUND), on any x86 kernel.
+    assert by_row["max_abs_log_prob_diff"] == pytest.approx(whole["max_abs_log_prob_diff"], abs=LOG_PROB_BOUND / 10)
+    assert by_row["max_abs_log_prob_diff"] <= LOG_PROB_BOUND
     assert by_row["greedy_identical"] == whole["greedy_identical"]
