@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
+import resource
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -30,8 +32,6 @@ from nmt_serve.model.help_corpus import DEFAULT_HELP_ROOT, read_help
 
 logger = logging.getLogger("nmt-cache-report")
 MIN_WORDS, MAX_CHARS = 3, 200  # sentences, not headings or whole paragraphs
-SHARED_MACHINE = ("The machine was shared while this ran (other work, a training run among it, took cores at times): the rows "
-                  "take turns round by round, so every row met the same load, but absolute figures are lower than on an idle machine.")
 
 
 def help_sentences(root: str, seed: int) -> list[str]:
@@ -57,13 +57,18 @@ class Contender:
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
     rounds: list[float] = field(default_factory=list)  # requests/s per round
+    server_cpu_s: float = 0.0  # the server process's CPU time during this contender's rounds
+    client_cpu_s: float = 0.0  # the load client's (this process's) CPU time during them
 
     def run_round(self, flags: list[str]) -> None:
         test = load(self.server.target, self.texts_path, "--concurrency", str(self.concurrency), *flags)
         if self.picker is None:
             self.picker = test.picker
         test.picker = self.picker
+        server_before, client_before = self.server.cpu_seconds(), own_cpu_seconds()
         report = asyncio.run(test.run())
+        self.server_cpu_s += self.server.cpu_seconds() - server_before
+        self.client_cpu_s += own_cpu_seconds() - client_before
         if report.errors:
             raise RuntimeError(f"{self.name}: {report.errors} calls failed: {report.codes}")
         self.outcomes += test.outcomes
@@ -80,10 +85,16 @@ class Contender:
         return percentiles([outcome.latency_s for outcome in self.outcomes if outcome.code == "OK"])
 
     def row(self) -> str:
-        latency, picker = self.latency, self.picker
+        latency, picker, calls = self.latency, self.picker, len(self.outcomes)
         assert picker is not None
-        return (f"| {self.name} | {self.concurrency} | {len(self.outcomes)} | {self.requests_per_s:.1f} | {latency['p50']:.3f} | {latency['p90']:.3f} "
-                f"| {latency['p99']:.3f} | {latency['max']:.3f} | {picker.repeated / picker.picked:.0%} | {', '.join(f'{rate:.1f}' for rate in self.rounds)} |")  # fmt: skip
+        return (f"| {self.name} | {self.concurrency} | {calls} | {self.requests_per_s:.1f} | {latency['p50']:.3f} | {latency['p90']:.3f} "
+                f"| {latency['p99']:.3f} | {latency['max']:.3f} | {picker.repeated / picker.picked:.0%} | {1000 * self.server_cpu_s / calls:.2f} "
+                f"| {1000 * self.client_cpu_s / calls:.2f} | {', '.join(f'{rate:.1f}' for rate in self.rounds)} |")  # fmt: skip
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure(args: argparse.Namespace, flags: list[str], slices: list[Path], work: Path) -> list[Contender]:
@@ -116,9 +127,17 @@ def workload_section(args: argparse.Namespace, per_call: int, contenders: list[C
     return "\n".join([
         f"### {per_call} sentence{'s' if per_call > 1 else ''} per call, {args.repeat_fraction:.0%} of sentences repeat an earlier one; closed loop, "
         f"{args.rounds} interleaved rounds of {args.round_seconds:g} s per row", "",
-        "| server | concurrency | requests | requests/s | p50 (s) | p90 (s) | p99 (s) | max (s) | sentences repeated | requests/s per round |",
-        "|---|---|---|---|---|---|---|---|---|---|", *(contender.row() for contender in contenders), "", verdict,
+        "| server | concurrency | requests | requests/s | p50 (s) | p90 (s) | p99 (s) | max (s) | sentences repeated "
+        "| server CPU per call (ms) | client CPU per call (ms) | requests/s per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|", *(contender.row() for contender in contenders), "", verdict,
     ])  # fmt: skip
+
+
+def machine_note(load_before: float) -> str:
+    """What else ran: the load measured before the report's own processes, and why the rows still compare."""
+    return (f"The 1-minute load average was {load_before:.2f} on {os.cpu_count()} cores before this report started its servers. The load "
+            "client runs on the same cores as the servers (its gRPC work per call is part of every row), and the rows take turns "
+            "round by round, so a drift of the machine's load meets every row alike.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    load_before = os.getloadavg()[0]  # before this report starts any process: the other work on the machine
     texts = help_sentences(args.help_root, args.seed)
     if not texts:
         raise SystemExit(f"nmt-cache-report: no help pages under {args.help_root} (Debian: libreoffice-help-de, libreoffice-help-en-us)")
@@ -156,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flags = ["--repeat-fraction", str(args.repeat_fraction), "--texts-per-call", str(per_call)]
             sections.append(workload_section(args, per_call, measure(args, flags, slices, work)))
     model = args.model_dir.relative_to(ROOT) if args.model_dir.is_relative_to(ROOT) else args.model_dir
-    sections.append(SHARED_MACHINE)
+    sections.append(machine_note(load_before))
     sections.append(f"Model dir: {model}. Texts: {len(texts)} distinct German sentences of the help pages, shuffled (seed {args.seed}), dealt "
                     f"out into {count} disjoint slices, one per row, so that a row's new sentences are new to the cache.")  # fmt: skip
     write_report("Translation cache on a repeating workload", "nmt-cache-report", argv, sections, args.out)

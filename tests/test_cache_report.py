@@ -1,0 +1,36 @@
+"""nmt-cache-report end to end on a tiny model and a small help tree: both servers measured, each row with the CPU its
+server and the load client spent per call, and the report saying what else loaded the machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nmt_serve.bench.cache_report import main
+
+WORDS = ("Hund", "Katze", "Bahnhof", "Kaffee", "Zug", "Garten", "Tisch", "Buch")
+
+
+def write_help_tree(root: Path, count: int) -> None:
+    """One page per language whose paragraphs carry the same ids: `count` German sentences of three words or more."""
+    german = "".join(f'<p id="par_id{number}">Ich sehe den {WORDS[number % len(WORDS)]} Nummer {number}.</p>' for number in range(count))
+    english = "".join(f'<p id="par_id{number}">I see the thing number {number}.</p>' for number in range(count))
+    for language, body in (("de", german), ("en-US", english)):
+        page = root / language / "text" / "shared" / "page.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"<html><body>{body}</body></html>", encoding="utf-8")
+
+
+def test_cache_report_measures_both_servers_with_their_cpu_per_call(tiny_model_dir: Path, tmp_path: Path) -> None:
+    write_help_tree(tmp_path / "help", 40)
+    out = tmp_path / "cache.md"
+    assert main(["--model-dir", str(tiny_model_dir), "--help-root", str(tmp_path / "help"), "--rounds", "1", "--round-seconds", "1",
+                 "--concurrency", "2", "--cached-concurrency", "2", "--texts-per-call", "1", "--out", str(out)]) == 0  # fmt: skip
+    report = out.read_text()
+    rows = [line for line in report.splitlines() if line.startswith(("| no cache", "| cache "))]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        server_ms, client_ms = float(cells[9]), float(cells[10])
+        assert server_ms > 0 and client_ms > 0, row
+    assert re.search(r"The 1-minute load average was \d+\.\d\d on \d+ cores before this report started its servers", report)
