@@ -28,17 +28,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_server(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """The server's output goes to a file, not a pipe: a pipe nobody reads while the clients run fills after ~64 kB
+    of access log, and the server's next log write would block its event loop."""
     port_file = tmp_path / "port"
     port_file.unlink(missing_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
-                                "--threads", "1", "--metrics-port", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    with server_log(tmp_path).open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "nmt_serve.server.main", str(model_dir), "--port", "0", "--port-file", str(port_file),
+                                    "--threads", "1", "--metrics-port", "0", *flags], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise AssertionError(f"nmt-serve did not start:\n{process.communicate()[0]}")
+            process.wait()
+            raise AssertionError(f"nmt-serve did not start:\n{server_log(tmp_path).read_text()}")
         time.sleep(0.05)
     return process, f"127.0.0.1:{port_file.read_text()}"
+
+
+def server_log(tmp_path: Path) -> Path:
+    return tmp_path / "server.log"
+
+
+def finished_output(process: subprocess.Popen, log: Path) -> str:
+    """The server's whole output once it has exited (within 30 s)."""
+    process.wait(timeout=30)
+    return log.read_text()
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,7 @@ class Served:
     process: subprocess.Popen
     target: str
     metrics_port: int
+    log: Path
 
 
 @pytest.fixture()
@@ -53,10 +68,10 @@ def served(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Served]:
     metrics_port = free_port()
     process, target = start_server(tiny_model_dir, tmp_path, "--grace-s", "20", "--max-queued-requests", "512", "--max-rows", "16",
                                    "--metrics-port", str(metrics_port))  # fmt: skip
-    yield Served(process, target, metrics_port)
+    yield Served(process, target, metrics_port, server_log(tmp_path))
     if process.poll() is None:
         process.kill()
-        process.communicate()
+        process.wait()
 
 
 def admitted(samples: Samples) -> float:
@@ -83,7 +98,7 @@ def test_serve_sigterm_under_load_loses_no_admitted_request(served: Served) -> N
         results = [call.result() for call in calls]  # raises if any admitted call failed
     assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
     assert all(len(result.translations[0].hypotheses[0].text) > 0 for result in results)
-    output, _ = process.communicate(timeout=30)
+    output = finished_output(process, served.log)
     assert process.returncode == 0, output
     assert "draining" in output and "stopped" in output
 
@@ -129,7 +144,7 @@ def test_serve_sigterm_answers_clients_retrying_at_once_with_results_or_unavaila
         process.send_signal(signal.SIGTERM)
         for client in clients:
             client.join(60)
-        output, _ = process.communicate(timeout=30)
+        output = finished_output(process, server_log(tmp_path))
     finally:
         if process.poll() is None:
             process.kill()
