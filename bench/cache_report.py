@@ -17,8 +17,8 @@ import asyncio
 import logging
 import os
 import random
-import resource
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,10 +65,10 @@ class Contender:
         if self.picker is None:
             self.picker = test.picker
         test.picker = self.picker
-        server_before, client_before = self.server.cpu_seconds(), own_cpu_seconds()
+        server_before, client_before = self.server.cpu_seconds(), time.process_time()
         report = asyncio.run(test.run())
         self.server_cpu_s += self.server.cpu_seconds() - server_before
-        self.client_cpu_s += own_cpu_seconds() - client_before
+        self.client_cpu_s += time.process_time() - client_before
         if report.errors:
             raise RuntimeError(f"{self.name}: {report.errors} calls failed: {report.codes}")
         self.outcomes += test.outcomes
@@ -90,11 +90,6 @@ class Contender:
         return (f"| {self.name} | {self.concurrency} | {calls} | {self.requests_per_s:.1f} | {latency['p50']:.3f} | {latency['p90']:.3f} "
                 f"| {latency['p99']:.3f} | {latency['max']:.3f} | {picker.repeated / picker.picked:.0%} | {1000 * self.server_cpu_s / calls:.2f} "
                 f"| {1000 * self.client_cpu_s / calls:.2f} | {', '.join(f'{rate:.1f}' for rate in self.rounds)} |")  # fmt: skip
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def measure(args: argparse.Namespace, flags: list[str], slices: list[Path], work: Path) -> list[Contender]:

@@ -30,8 +30,8 @@ def convert_to_fp16(source: Path, target: Path) -> None:
 INT8_SCHEMES = ("u8s8-rows", "u8u8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
 ROW_SCHEMES = ("u8s8-rows", "u8u8-rows")  # activations quantized per row (export/row_quantization.py)
 DEFAULT_INT8_SCHEME = INT8_SCHEMES[0]
-OUTPUT_PROJECTION = "logits"
-PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file larger than this must keep its weights in an external data file  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
+OUTPUT_PROJECTION = "logits"  # the decoder graph's vocabulary MatMul (export/decoder_graph.py)
+PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file larger than this must keep its weights in an external data file
 
 
 def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEME) -> None:

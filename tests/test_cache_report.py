@@ -3,10 +3,12 @@ server and the load client spent per call, and the report saying what else loade
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 
-from nmt_serve.bench.cache_report import main
+from nmt_serve.bench.cache_report import Contender, main
+from nmt_serve.client.loadtest import Outcome, TextPicker
 
 WORDS = ("Hund", "Katze", "Bahnhof", "Kaffee", "Zug", "Garten", "Tisch", "Buch")
 
@@ -27,10 +29,25 @@ def test_cache_report_measures_both_servers_with_their_cpu_per_call(tiny_model_d
     assert main(["--model-dir", str(tiny_model_dir), "--help-root", str(tmp_path / "help"), "--rounds", "1", "--round-seconds", "1",
                  "--concurrency", "2", "--cached-concurrency", "2", "--texts-per-call", "1", "--out", str(out)]) == 0  # fmt: skip
     report = out.read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| server |"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns[9:11] == ["server CPU per call (ms)", "client CPU per call (ms)"]
     rows = [line for line in report.splitlines() if line.startswith(("| no cache", "| cache "))]
     assert len(rows) == 2
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        server_ms, client_ms = float(cells[9]), float(cells[10])
-        assert server_ms > 0 and client_ms > 0, row
+        assert len(cells) == len(columns) and re.fullmatch(r"\d+\.\d\d", cells[9]) and re.fullmatch(r"\d+\.\d\d", cells[10]), row
     assert re.search(r"The 1-minute load average was \d+\.\d\d on \d+ cores before this report started its servers", report)
+
+
+def test_cache_report_row_divides_each_process_cpu_time_by_the_calls() -> None:
+    """The CPU columns are the CPU seconds measured over the contender's rounds, per call, in milliseconds."""
+    picker = TextPicker(["a", "b"], random.Random(0), 0.5)
+    for _ in range(4):
+        picker.pick()
+    contender = Contender("cache 64 MiB", server=None, concurrency=2, texts_path=Path("texts"), picker=picker,  # type: ignore[arg-type]
+                          outcomes=[Outcome("OK", 0.01, None, 3, 0.0)] * 200, seconds=2.0, rounds=[100.0],
+                          server_cpu_s=0.5, client_cpu_s=0.1)  # fmt: skip
+    cells = [cell.strip() for cell in contender.row().strip("|").split("|")]
+    assert cells[:4] == ["cache 64 MiB", "2", "200", "100.0"]
+    assert cells[9:] == ["2.50", "0.50", "100.0"]
