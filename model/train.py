@@ -31,6 +31,7 @@ from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.file_hash import sha256_file
+from nmt_serve.model.cpu_memory import bound_heap, bound_kernel_cache
 from nmt_serve.model.loss import LossFunction, accumulate_gradients, batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
@@ -383,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = pick_device(args.device)
     except ValueError as error:
         parser.error(str(error))
+    if device.type == "cpu":  # before the first matmul and the corpus: both bounds apply from then on
+        logger.info("CPU memory bounds: oneDNN kernel cache %s, mmap threshold %s bytes", bound_kernel_cache(), bound_heap() or "unchanged")
     if args.bf16 is None:
         args.bf16 = bf16_is_native(device)
     settings = TrainSettings(**{item.name: getattr(args, item.name) for item in dataclasses.fields(TrainSettings)})
