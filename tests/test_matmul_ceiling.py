@@ -73,5 +73,5 @@ def test_ceiling_table_divides_the_ceiling_by_each_target() -> None:
     systems = [type("S", (), {"name": name})() for name in medians]
     table = format_ceilings(systems, [cell], {(cell, name): [value] for name, value in medians.items()})
     row = table.splitlines()[-1].split("|")[1:-1]
-    # fp32 target 1.5 x 400 = 600, ceiling 900 -> 1.50x; int8 target 1.3 x 1000 = 1300, ceiling 2600 -> 2.00x.
-    assert [value.strip() for value in row] == ["8", "4", "32", "900", "380", "600", "1.50x", "2600", "900", "1300", "2.00x"]
+    # fp32 target 1.15 x 400 = 460, ceiling 900 -> 1.96x; int8 target 1.15 x 1000 = 1150, ceiling 2600 -> 2.26x.
+    assert [value.strip() for value in row] == ["8", "4", "32", "900", "380", "460", "1.96x", "2600", "900", "1150", "2.26x"]
