@@ -28,10 +28,10 @@ from nmt_serve.model.batching import Batch, encode_pairs, make_batch, plan_batch
 from nmt_serve.model.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_train_info, save_train_info, save_weights
 from nmt_serve.model.config import PRESETS, ModelConfig
 from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.cpu_memory import bound_heap, bound_kernel_cache
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.file_hash import sha256_file
-from nmt_serve.model.cpu_memory import bound_heap, bound_kernel_cache
 from nmt_serve.model.loss import LossFunction, accumulate_gradients, batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
