@@ -12,7 +12,6 @@ threshold as well, 2.2 -> 2.5 GB, flat (docs/training.md).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import MutableMapping
 
@@ -38,11 +37,7 @@ def bound_heap(environ: MutableMapping[str, str] = os.environ) -> int | None:
     """
     if HEAP_THRESHOLD_VARIABLE in environ:
         return None
-    library = ctypes.util.find_library("c")
-    if library is None:
-        return None
-    try:
-        mallopt = ctypes.CDLL(library).mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own symbols: its C library's, if it has one
+    if mallopt is None:
         return None
     return MMAP_THRESHOLD_BYTES if mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 else None

@@ -160,3 +160,34 @@ def test_int8_tied_projection_is_folded_and_quantized_for_any_model_size(tmp_pat
     y = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
     exact = embedding[ids] @ embedding.T
     assert np.abs(y - exact).max() <= 0.05 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("width", [256, 1024])
+def test_int8_blocked_row_quantization_gives_the_bytes_of_divide_then_quantize(tmp_path: Path, width: int) -> None:
+    """From opset 21 a row is quantized by one blocked QuantizeLinear; both forms divide by the row scale in
+    IEEE arithmetic (correctly rounded everywhere) and round half to even, so they agree on every CPU."""
+    from nmt_serve.export.row_quantization import BLOCKED_QUANTIZE_OPSET, add_constants, row_quantize_nodes
+
+    def quantizer(opset: int) -> onnx.ModelProto:
+        graph = helper.make_graph([], "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, width])],
+                                  [helper.make_tensor_value_info("q", TensorProto.UINT8, ["n", 1, width])])  # fmt: skip
+        names = add_constants(graph)
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zero_point"], "quantize")
+        nodes, _ = row_quantize_nodes(node, names, opset)
+        graph.node.extend(nodes)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 10
+        return model
+
+    blocked, divided = quantizer(23), quantizer(BLOCKED_QUANTIZE_OPSET - 1)
+    assert "Div" in {node.op_type for node in divided.graph.node} and "Div" not in {node.op_type for node in blocked.graph.node}
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((64, 1, width)) * rng.uniform(1e-3, 50.0, (64, 1, 1))).astype(np.float32)
+    rows[0] = 0.0  # an all-zero row takes the tiny scale
+    rows[1] = np.clip(rows[1], -100.0, 100.0)
+    rows[1, 0, :4] = [127.0, -127.0, 0.5, -0.5]  # row scale 1: 0.5 and -0.5 are ties, rounded half to even
+    outputs = []
+    for name, model in (("blocked", blocked), ("divided", divided)):
+        onnx.save(model, tmp_path / f"{name}.onnx")
+        outputs.append(make_session(tmp_path / f"{name}.onnx", threads=1).run(None, {"x": rows})[0])
+    assert np.array_equal(outputs[0], outputs[1])
