@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from nmt_serve.export.row_quantization import quantize_rows
+from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
         if scheme in ROW_SCHEMES:
             model = onnx.load(str(target))
-            quantize_rows(model)
+            quantize_rows(model, known_shapes(onnx.load(str(prepared), load_external_data=False)))
             onnx.save(model, str(target))
 
 

@@ -173,7 +173,7 @@ def test_int8_blocked_row_quantization_gives_the_bytes_of_divide_then_quantize(t
                                   [helper.make_tensor_value_info("q", TensorProto.UINT8, ["n", 1, width])])  # fmt: skip
         names = add_constants(graph)
         node = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zero_point"], "quantize")
-        nodes, _ = row_quantize_nodes(node, names, opset)
+        nodes, _, _ = row_quantize_nodes(node, names, opset)
         graph.node.extend(nodes)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = 10
@@ -191,3 +191,57 @@ def test_int8_blocked_row_quantization_gives_the_bytes_of_divide_then_quantize(t
         onnx.save(model, tmp_path / f"{name}.onnx")
         outputs.append(make_session(tmp_path / f"{name}.onnx", threads=1).run(None, {"x": rows})[0])
     assert np.array_equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("shape", [(64, DEPTH), (64, 1, DEPTH), (1, 1, DEPTH)])
+def test_int8_row_scale_folded_into_the_product_gives_the_bytes_of_a_separate_multiply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                                        shape: tuple[int, ...]) -> None:  # fmt: skip
+    """MatMulIntegerToFloat with the (..., 1) row scale as its activation scale multiplies the product by it
+    after the integer GEMM, as the Mul it replaces did: the same IEEE float32 multiplication, so the same bytes
+    on every CPU, for 2-D and 3-D activations and for a single row (a (1, 1, 1) scale is not taken as a scalar)."""
+    from nmt_serve.export import row_quantization
+
+    rng = np.random.default_rng(0)
+    one_matmul_model(tmp_path / "fp32.onnx", rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "folded.onnx", DEFAULT_INT8_SCHEME)
+    monkeypatch.setattr(row_quantization, "fold_row_rescales", lambda graph, rescales: 0)
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "separate.onnx", DEFAULT_INT8_SCHEME)
+    folded, separate = (onnx.load(str(tmp_path / f"{name}.onnx")).graph for name in ("folded", "separate"))
+    assert [node.op_type for node in separate.node].count("Mul") > [node.op_type for node in folded.node].count("Mul")
+    assert not any(node.name.endswith(".unit_scale") for node in folded.node)  # the unit scale nobody reads is gone
+    x = (rng.standard_normal(shape) * rng.uniform(1e-3, 1e3, shape[:-1] + (1,))).astype(np.float32)
+    for path in (tmp_path / "folded.onnx", tmp_path / "separate.onnx"):
+        graph = onnx.load(str(path))
+        for value in (graph.graph.input[0], graph.graph.output[0]):  # the test feeds 2-D and 3-D activations
+            value.type.tensor_type.ClearField("shape")
+        del graph.graph.value_info[:]
+        onnx.save(graph, str(path))
+    outputs = [make_session(tmp_path / f"{name}.onnx", threads=1).run(None, {"x": x})[0] for name in ("folded", "separate")]
+    assert outputs[0].shape == shape[:-1] + (COLUMNS,)
+    assert np.array_equal(outputs[0], outputs[1])
+
+
+def test_int8_activations_with_the_same_rows_share_one_zero_point_tensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two quantized activations of shape (rows, ...) get their per-row zero points from one node; the output is
+    the bytes of the graph where each makes its own (as where shapes cannot be inferred)."""
+    from nmt_serve.export import optimize
+
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(size=(DEPTH, DEPTH)).astype(np.float32), rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "first"], ["hidden"], name="first_matmul"), helper.make_node("Relu", ["hidden"], ["relu"], name="relu"),
+             helper.make_node("MatMul", ["relu", "second"], ["y"], name="second_matmul")]  # fmt: skip
+    graph = helper.make_graph(nodes, "two_matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 1, DEPTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 1, COLUMNS])],
+                              [numpy_helper.from_array(first, "first"), numpy_helper.from_array(second, "second")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10), str(tmp_path / "fp32.onnx"))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "shared.onnx")
+    monkeypatch.setattr(optimize, "known_shapes", lambda model: {})
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "own.onnx")
+
+    def zero_point_nodes(name: str) -> int:
+        return sum(node.name.endswith(".row.zero_points") for node in onnx.load(str(tmp_path / name)).graph.node)
+
+    assert (zero_point_nodes("shared.onnx"), zero_point_nodes("own.onnx")) == (1, 2)
+    x = (rng.standard_normal((16, 1, DEPTH)) * rng.uniform(1e-2, 1e2, (16, 1, 1))).astype(np.float32)
+    shared, own = (make_session(tmp_path / name, threads=1).run(None, {"x": x})[0] for name in ("shared.onnx", "own.onnx"))
+    assert np.array_equal(shared, own)
