@@ -28,9 +28,12 @@ from nmt_serve.runtime.manifest import load_model_dir
 
 # Weight products as they stand in an optimised decoder: (op type, domain) -> the element type of input 0, the
 # activation; the weight is input 1. MatMulIntegerToFloat takes rows quantized before it (export/row_quantization.py):
-# the quantization is not a weight product, so its input here is already uint8.
+# the quantization is not a weight product, so its input here is already uint8, and its activation scale, one per
+# row (input 2), is fed as `row_scale` (rows, 1): the kernel multiplies its output by it.
 WEIGHT_PRODUCTS = {("MatMul", ""): TensorProto.FLOAT, ("DynamicQuantizeMatMul", "com.microsoft"): TensorProto.FLOAT,
                    ("MatMulIntegerToFloat", "com.microsoft"): TensorProto.UINT8}  # fmt: skip
+ROW_SCALE = "row_scale"
+ROW_SCALE_INPUT = 2  # MatMulIntegerToFloat's activation scale
 IR_VERSION = 9  # accepted by every onnxruntime this project supports; the optimised file may carry a newer one
 
 
@@ -57,12 +60,16 @@ def weight_products_model(decoder: onnx.ModelProto) -> onnx.ModelProto:
         element = WEIGHT_PRODUCTS[(node.op_type, node.domain)]
         source = f"{'q' if element == TensorProto.UINT8 else 'x'}{inner}"
         inputs[source] = helper.make_tensor_value_info(source, element, ["rows", inner])
-        constants = [name for name in node.input[1:] if name]
+        node_inputs = [source, *node.input[1:]]
+        if node.op_type == "MatMulIntegerToFloat" and node.input[ROW_SCALE_INPUT] not in initializers:
+            node_inputs[ROW_SCALE_INPUT] = ROW_SCALE
+            inputs[ROW_SCALE] = helper.make_tensor_value_info(ROW_SCALE, TensorProto.FLOAT, ["rows", 1])
+        constants = [name for name in node_inputs[1:] if name and name != ROW_SCALE]
         missing = [name for name in constants if name not in initializers]
         if missing:
             raise ValueError(f"{node.name}: inputs {missing} are not constants; cannot time it alone")
         used += [name for name in constants if name not in used]
-        nodes.append(helper.make_node(node.op_type, [source, *node.input[1:]], [node.output[0]], name=node.name, domain=node.domain))
+        nodes.append(helper.make_node(node.op_type, node_inputs, [node.output[0]], name=node.name, domain=node.domain))
         nodes[-1].attribute.extend(node.attribute)
         outputs.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, ["rows", width]))
     if not nodes:

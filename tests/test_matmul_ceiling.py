@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from nmt_serve.bench.engine_bench import format_ceilings
 from nmt_serve.bench.matmul_ceiling import MatmulCeiling, optimized_decoder, weight_products_model
@@ -45,7 +45,11 @@ def test_weight_products_of_an_int8_decoder_are_the_fused_quantized_kernels(tiny
     assert [node.op_type for node in model.graph.node] == [kernel] * (6 * layers + 1)
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feed = {tensor.name: np.ones((2, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=element) for tensor in model.graph.input}
+    # u8s8-rows' products take the quantized rows and each row's scale (export/row_quantization.py)
+    assert {tensor.type.tensor_type.elem_type for tensor in model.graph.input if tensor.name != "row_scale"} == {helper.np_dtype_to_tensor_dtype(np.dtype(element))}
+    assert ("row_scale" in {tensor.name for tensor in model.graph.input}) == (scheme == "u8s8-rows")
+    feed = {tensor.name: np.ones((2, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=helper.tensor_dtype_to_np_dtype(tensor.type.tensor_type.elem_type))
+            for tensor in model.graph.input}  # fmt: skip
     widths = [int(tensor.type.tensor_type.shape.dim[1].dim_value) for tensor in model.graph.output]
     assert [output.shape for output in session.run(None, feed)] == [(2, width) for width in widths]
 
