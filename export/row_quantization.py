@@ -86,9 +86,9 @@ def row_quantize_nodes(node: onnx.NodeProto, names: dict[str, str], opset: int,
 def known_shapes(model: onnx.ModelProto) -> dict[str, tuple[str | int, ...]]:
     """Every tensor whose shape ONNX Runtime's symbolic shape inference knows in full (named or fixed dimensions),
     by name; empty where the inference fails, so callers then assume nothing about shapes."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # needs sympy
+
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False)
     except Exception as error:  # the inference has no error type of its own; nothing is shared then
         logger.info("no symbolic shapes (%s): every quantized activation makes its own zero points", error)
