@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -87,6 +88,7 @@ class StepGate:
     Tests hold calls in the queue or the batch with it, so what they check does not depend on how fast the CPU steps."""
 
     MAX_WAIT_S = 30.0  # a test that forgets to open the gate ends slowly instead of hanging
+    TRICKLE_S = 0.01  # first_message lets one step through this often
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
@@ -108,6 +110,25 @@ class StepGate:
             self._condition.wait_for(lambda: self._open or self._allowed > 0, self.MAX_WAIT_S)
             if not self._open and self._allowed > 0:
                 self._allowed -= 1
+
+
+def first_message(call: Iterator[Any], gate: StepGate) -> Any:
+    """The stream's first message, letting engine steps through one at a time until it comes: a fixed number could
+    go to another engine still stepping a stream that was just cancelled (it leaves that engine at its next step)."""
+    arrived = threading.Event()
+
+    def let_steps_through() -> None:
+        while not arrived.is_set():
+            gate.allow(1)
+            arrived.wait(StepGate.TRICKLE_S)
+
+    feeder = threading.Thread(target=let_steps_through)
+    feeder.start()
+    try:
+        return next(call)
+    finally:
+        arrived.set()
+        feeder.join()
 
 
 @contextlib.contextmanager

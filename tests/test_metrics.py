@@ -14,7 +14,7 @@ import yaml
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.models.metrics import LATENCY_SLO_SECONDS, REQUEST_BUCKETS, Metrics
 from nmt_serve.server.settings import ServerSettings
-from tests.serving import RunningServer, Samples, held_engines, scrape_until, server_settings, total
+from tests.serving import RunningServer, Samples, first_message, held_engines, scrape_until, server_settings, total
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt-serve.json"
@@ -72,8 +72,7 @@ def test_rejections_are_counted_by_reason(tiny_model_dir: Path) -> None:
         long = pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90))
         with channel, held_engines(server) as gate:  # a few steps only: the holder keeps its place however fast the CPU
             holder = stub.TranslateStream(long, timeout=30)
-            gate.allow(10)
-            next(holder)  # decoding: the queue's only place is taken
+            first_message(holder, gate)  # decoding: the queue's only place is taken
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Translate(pb.TranslateRequest(texts=["Ich sehe den Hund."]), timeout=30)
             holder.cancel()
@@ -94,13 +93,11 @@ def test_metrics_count_a_cancelled_stream_as_cancelled(metered: RunningServer) -
     with held_engines(metered) as gate:  # a few steps at a time: neither stream can finish its 90 before it is cancelled
         cancelled_channel, stub = metered.stub()
         call = stub.TranslateStream(long, timeout=30)
-        gate.allow(10)
-        next(call)  # decoding has started
+        first_message(call, gate)  # decoding has started
         call.cancel()
         killed_channel, stub = metered.stub()  # a client that goes away mid-stream: its connection closes
         call = stub.TranslateStream(long, timeout=30)
-        gate.allow(10)
-        next(call)
+        first_message(call, gate)
         killed_channel.close()
         cancelled_channel.close()
     samples = scrape_until(port, lambda found: count(found, "CANCELLED") >= count(before, "CANCELLED") + 2)
