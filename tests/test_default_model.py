@@ -71,6 +71,19 @@ def test_default_model_dirs_carry_parity_on_the_held_out_test() -> None:
     assert set(int8["cpu"]) == {"vendor", "model_name", "features"}
 
 
+def test_default_int8_step_takes_each_row_scale_inside_its_products() -> None:
+    """The shipped int8 decoder as the exporter now writes it (export/row_quantization.py): every row scale is a
+    product's activation scale, with no rescaling Mul after it, and the step's activations make their per-row zero
+    points once per shape (two shapes: the layers' (rows, 1, d) and the vocabulary projection's (rows, d))."""
+    import onnx
+
+    graph = onnx.load(str(MODEL_DIRS["int8"] / "decoder.onnx"), load_external_data=False).graph
+    products = [node for node in graph.node if node.op_type == "MatMulIntegerToFloat"]
+    assert products and all(node.input[2].endswith(".row.scale") for node in products)
+    assert not any(node.name.endswith(".row_rescale") for node in graph.node)
+    assert sum(node.name.endswith(".row.zero_points") for node in graph.node) == 2
+
+
 @pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
 def test_default_model_dir_self_check_passes_on_this_host(precision: str) -> None:
     """The check nmt-serve runs at start: this host's kernels give the shipped reference's log-probs within
