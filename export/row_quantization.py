@@ -52,8 +52,8 @@ def row_quantize_nodes(node: onnx.NodeProto, names: dict[str, str], opset: int,
     """What replaces one DynamicQuantizeLinear (x -> quantized, scale, zero point), the name of the (..., 1)
     per-row scale it computes, and of its per-row zero points (blocked quantization only; `shared_zero_points`,
     made for another activation of the same shape, is used instead of making them). The node's own scale
-    output becomes the constant 1, and the row scale is applied by a Mul after each product that uses it
-    (fold_row_rescales then moves it into the product)."""
+    output becomes the constant 1: fuse_products gives the row scale to each product as its activation scale,
+    and quantize_rows multiplies by it after any product left unfused."""
     source = node.input[0]
     quantized, scale, zero_point = node.output
     prefix = f"{node.name or quantized}.row"
@@ -115,11 +115,16 @@ def dequantized_outputs(graph: onnx.GraphProto, scale: str) -> list[onnx.NodePro
     return found
 
 
-def fuse_products(graph: onnx.GraphProto, unit_scales: set[str]) -> None:
+def fuse_products(graph: onnx.GraphProto, row_scales: dict[str, str]) -> None:
     """MatMulInteger -> Cast -> Mul(unit activation scale x weight scales) becomes one com.microsoft
-    MatMulIntegerToFloat with the weight scales, in place. ONNX Runtime fuses that chain itself only when
-    the scale product is computed at run time; with the constant unit scale it folds the product first and
-    leaves three kernels (the per-row graph then ran 10-30% slower than the per-call one)."""
+    MatMulIntegerToFloat, in place, with the weight scales and, as its activation scale, the (..., 1) row scale
+    `row_scales` maps the unit scale to. ONNX Runtime fuses that chain itself only when the scale product is
+    computed at run time; with the constant unit scale it folds the product first and leaves three kernels (the
+    per-row graph then ran 10-30% slower than the per-call one). Its kernel multiplies the integer product by
+    the weight scales, then by a non-scalar activation scale, the float multiplications the separate Muls did,
+    so the bytes are the same (tests/test_int8.py) for one kernel per product: with the shared zero points of
+    quantize_rows, 1.02-1.07x the default model's int8 tokens/s against a Mul after each product, on an AVX-512
+    VNNI core. The fused products take no bias input: the kernel would add it before that multiplication."""
     producers = {output: node for node in graph.node for output in node.output}
     users: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -135,13 +140,13 @@ def fuse_products(graph: onnx.GraphProto, unit_scales: set[str]) -> None:
         if cast.op_type != "Cast" or len(dequantize) != 1 or dequantize[0].op_type != "Mul":
             continue
         scales = producers.get(next(name for name in dequantize[0].input if name != cast.output[0]))
-        if scales is None or scales.op_type != "Mul" or not unit_scales & set(scales.input):
+        if scales is None or scales.op_type != "Mul" or not row_scales.keys() & set(scales.input):
             continue
-        unit_scale = next(name for name in scales.input if name in unit_scales)
-        weight_scale = next(name for name in scales.input if name not in unit_scales)
+        unit_scale = next(name for name in scales.input if name in row_scales)
+        weight_scale = next(name for name in scales.input if name not in row_scales)
         activation, weight, activation_zero_point, weight_zero_point = node.input
         fused[id(node)] = helper.make_node(
-            "MatMulIntegerToFloat", [activation, weight, unit_scale, weight_scale, activation_zero_point, weight_zero_point],
+            "MatMulIntegerToFloat", [activation, weight, row_scales[unit_scale], weight_scale, activation_zero_point, weight_zero_point],
             [dequantize[0].output[0]], f"{node.name}.to_float", domain="com.microsoft")  # fmt: skip
         dropped |= {id(cast), id(dequantize[0])}
         if len(users[scales.output[0]]) == 1:
@@ -151,37 +156,6 @@ def fuse_products(graph: onnx.GraphProto, unit_scales: set[str]) -> None:
     nodes = [fused.get(id(node), node) for node in graph.node if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
-
-
-def fold_row_rescales(graph: onnx.GraphProto, rescales: set[str]) -> int:
-    """MatMulIntegerToFloat(unit activation scale) -> Mul(row scale) becomes one MatMulIntegerToFloat with the
-    (..., 1) row scale as its activation scale, in place; how many were folded. ONNX Runtime's kernel multiplies
-    its output by a non-scalar activation scale after the product, the same float multiplication the Mul did,
-    so the bytes are the same (tests/test_int8.py), one kernel and one pass over the output fewer per product
-    (with the shared zero points of quantize_rows, 1.02-1.07x the default model's int8 tokens/s on an AVX-512
-    VNNI core). Only a product without a bias input: the kernel adds the bias before that multiplication."""
-    producers = {output: node for node in graph.node for output in node.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    dropped: set[int] = set()
-    for node in graph.node:
-        if node.name not in rescales:
-            continue
-        product = producers.get(node.input[0])
-        if product is None or product.op_type != "MatMulIntegerToFloat" or len(product.input) > 6 or readers[node.input[0]] != 1:
-            continue
-        product.input[2] = node.input[1]
-        product.output[0] = node.output[0]
-        dropped.add(id(node))
-    nodes = [node for node in graph.node if id(node) not in dropped]
-    # The unit scales the folded products read are now read by nobody.
-    read = {name for node in nodes for name in node.input} | {output.name for output in graph.output}
-    nodes = [node for node in nodes if node.op_type != "Identity" or node.output[0] in read]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(dropped)
 
 
 def rows_key(activation: str, shapes: dict[str, tuple[str | int, ...]]) -> tuple[str | int, ...]:
@@ -204,26 +178,33 @@ def quantize_rows(model: onnx.ModelProto, shapes: dict[str, tuple[str | int, ...
     names = add_constants(graph)
     opset = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
     replacements: dict[str, list[onnx.NodeProto]] = {}
-    rescales: dict[str, onnx.NodeProto] = {}
+    row_scales: dict[str, str] = {}  # each quantizer's unit scale -> its row scale
     zero_points_by_rows: dict[tuple[str | int, ...], str] = {}
     for node in quantizers:
         rows = rows_key(node.input[0], shapes or {})
-        replacements[node.name], row_scale, zero_points = row_quantize_nodes(node, names, opset, zero_points_by_rows.get(rows))
+        replacements[node.name], row_scales[node.output[1]], zero_points = row_quantize_nodes(node, names, opset, zero_points_by_rows.get(rows))
         if zero_points is not None:
             zero_points_by_rows.setdefault(rows, zero_points)
-        for dequantize in dequantized_outputs(graph, node.output[1]):
+    fuse_products(graph, row_scales)
+    # A product left unfused dequantizes with the unit scale; its row scale then multiplies the result.
+    rescales: dict[str, onnx.NodeProto] = {}
+    for unit_scale, row_scale in row_scales.items():
+        for dequantize in dequantized_outputs(graph, unit_scale):
             output = dequantize.output[0]
             dequantize.output[0] = f"{output}.unit_rows"
             rescales[dequantize.name] = helper.make_node("Mul", [dequantize.output[0], row_scale], [output], f"{output}.row_rescale")
+    read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output}
     nodes = []
     for node in graph.node:
-        nodes.extend(replacements.get(node.name, [node]) if node.op_type == "DynamicQuantizeLinear" else [node])
+        if node.op_type == "DynamicQuantizeLinear":
+            # The unit scale stays only where an unfused product still reads it.
+            nodes.extend(new for new in replacements[node.name] if not (new.name.endswith(".unit_scale") and new.output[0] not in read))
+        else:
+            nodes.append(node)
         if node.name in rescales:
             nodes.append(rescales[node.name])
     del graph.node[:]
     graph.node.extend(nodes)
-    fuse_products(graph, {node.output[1] for node in quantizers})
-    fold_row_rescales(graph, {rescale.name for rescale in rescales.values()})
     if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return len(quantizers)

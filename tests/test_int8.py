@@ -196,15 +196,16 @@ def test_int8_blocked_row_quantization_gives_the_bytes_of_divide_then_quantize(t
 @pytest.mark.parametrize("shape", [(64, DEPTH), (64, 1, DEPTH), (1, 1, DEPTH)])
 def test_int8_row_scale_folded_into_the_product_gives_the_bytes_of_a_separate_multiply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                                         shape: tuple[int, ...]) -> None:  # fmt: skip
-    """MatMulIntegerToFloat with the (..., 1) row scale as its activation scale multiplies the product by it
-    after the integer GEMM, as the Mul it replaces did: the same IEEE float32 multiplication, so the same bytes
-    on every CPU, for 2-D and 3-D activations and for a single row (a (1, 1, 1) scale is not taken as a scalar)."""
+    """MatMulIntegerToFloat with the (..., 1) row scale as its activation scale multiplies the product by the weight
+    scales, then by it, after the integer GEMM, as the unfused MatMulInteger -> Cast -> Mul -> Mul(row scale) does:
+    the same IEEE float32 multiplications, so the same bytes on every CPU, for 2-D and 3-D activations and for a
+    single row (a (1, 1, 1) scale is not taken as a scalar)."""
     from nmt_serve.export import row_quantization
 
     rng = np.random.default_rng(0)
     one_matmul_model(tmp_path / "fp32.onnx", rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32))
     convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "folded.onnx", DEFAULT_INT8_SCHEME)
-    monkeypatch.setattr(row_quantization, "fold_row_rescales", lambda graph, rescales: 0)
+    monkeypatch.setattr(row_quantization, "fuse_products", lambda graph, row_scales: None)
     convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "separate.onnx", DEFAULT_INT8_SCHEME)
     folded, separate = (onnx.load(str(tmp_path / f"{name}.onnx")).graph for name in ("folded", "separate"))
     assert [node.op_type for node in separate.node].count("Mul") > [node.op_type for node in folded.node].count("Mul")
