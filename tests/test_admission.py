@@ -10,7 +10,7 @@ import pytest
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.service import SERVICE_NAME
 from tests.raw_http2 import END_HEADERS, HEADERS, call, frame, request_headers
-from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
+from tests.serving import RunningServer, first_message, held_engines, scrape_until, server_settings, total, wait_for
 
 LONG = pb.DecodingOptions(min_output_tokens=90, max_output_tokens=90)
 
@@ -24,8 +24,7 @@ def test_early_admission_refuses_before_reading_the_message(tiny_model_dir: Path
             # other calls have been refused.
             with held_engines(server) as gate:
                 holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
-                gate.allow(2)
-                next(holder)  # the one place in the queue is taken
+                first_message(holder, gate)  # the one place in the queue is taken
                 # Headers and no message: a call that had to be read first would wait out the 30 s maximum.
                 ending = call(server.server.port, frame(HEADERS, END_HEADERS, 1, request_headers(f"/{SERVICE_NAME}/Translate")), wait_s=10)
                 with pytest.raises(grpc.RpcError, match="queue full") as caught:
@@ -46,8 +45,7 @@ def test_early_admission_lets_calls_in_once_a_place_frees(tiny_model_dir: Path) 
             # second call has been refused.
             with held_engines(server) as gate:
                 holder = stub.TranslateStream(pb.TranslateStreamRequest(text="Ich sehe den Hund.", options=LONG), timeout=60)
-                gate.allow(2)
-                next(holder)
+                first_message(holder, gate)
                 with pytest.raises(grpc.RpcError, match="queue full"):
                     stub.Translate(pb.TranslateRequest(texts=["Hund"]), timeout=10)
                 holder.cancel()
