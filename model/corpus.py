@@ -316,6 +316,22 @@ def split_corpus(sentences: list[Pair], others: list[Pair], test_size: int, vali
     return train, valid, test
 
 
+def training_parts(train: list[Pair], sentences: list[Pair]) -> tuple[list[Pair], list[Pair]]:
+    """train.tsv by source: the Ding example sentences once each (in the order they first appear) and every other pair
+    (in train.tsv's order). A mix can then weight the held-out sets' own domain on its own (nmt-corpus-mix PATH:COPIES)."""
+    sentence_set = set(sentences)
+    written: set[Pair] = set()
+    ding: list[Pair] = []
+    others: list[Pair] = []
+    for pair in train:
+        if pair not in sentence_set:
+            others.append(pair)
+        elif pair not in written:
+            written.add(pair)
+            ding.append(pair)
+    return ding, others
+
+
 def write_tsv(path: str, pairs: list[Pair]) -> None:
     """Write German\\tEnglish lines, UTF-8, no header."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
@@ -355,7 +371,9 @@ def build_corpus(args: argparse.Namespace) -> dict:
     others = clean_pairs(phrases, counts, seen) + clean_pairs(gettext_pairs, counts, seen) + clean_pairs(help_pairs, counts, seen)
     train, valid, test = split_corpus(sentences, others, args.test_size, args.valid_size, args.seed, counts, args.sentence_copies)
     os.makedirs(args.out, exist_ok=True)
-    for name, pairs in (("train", train), ("valid", valid), ("test", test)):
+    train_sentences, train_others = training_parts(train, sentences)
+    for name, pairs in (("train", train), ("valid", valid), ("test", test), ("train-sentences", train_sentences),
+                        ("train-others", train_others)):
         write_tsv(os.path.join(args.out, f"{name}.tsv"), pairs)
     report = {
         "sources": sources | {"gettext_catalogs": counts.gettext["catalogs"]},
@@ -391,7 +409,7 @@ def print_report(report: dict) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nmt-corpus", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
-    parser.add_argument("--out", required=True, help="output directory for train/valid/test.tsv")
+    parser.add_argument("--out", required=True, help="output directory for train/valid/test.tsv, and train.tsv by source: train-sentences.tsv (the Ding example sentences, once each) and train-others.tsv")
     parser.add_argument("--ding", default=DEFAULT_DING, help="Ding de-en dictionary file")
     parser.add_argument("--locale-dir", action="append", default=None,
                         help="a root of de/LC_MESSAGES/*.mo; repeat for several "

@@ -188,7 +188,7 @@ def test_main_test_disjoint_from_train(inputs: tuple[Path, Path], tmp_path: Path
 def test_main_deterministic(inputs: tuple[Path, Path], tmp_path: Path) -> None:
     assert run_main(*inputs, tmp_path / "a") == 0
     assert run_main(*inputs, tmp_path / "b") == 0
-    for name in ("train.tsv", "valid.tsv", "test.tsv"):
+    for name in ("train.tsv", "valid.tsv", "test.tsv", "train-sentences.tsv", "train-others.tsv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
@@ -207,6 +207,24 @@ def test_sentence_copies_repeat_only_the_training_sentences(inputs: tuple[Path, 
     assert report["split"]["train_sentences"] == 3 * len(sentences) and report["inputs"]["sentence_copies"] == 3
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "none"), *args, "--sentence-copies", "0"])
+
+
+def test_training_parts_split_train_by_source(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    ding, locale = inputs
+    out = tmp_path / "corpus"
+    args = ["--ding", str(ding), "--locale-dir", str(locale), "--help-root", "", "--test-size", "5", "--valid-size", "5"]
+    assert main(["--out", str(out), *args, "--sentence-copies", "3"]) == 0
+    train = read_tsv(out / "train.tsv")
+    sentences, others = read_tsv(out / "train-sentences.tsv"), read_tsv(out / "train-others.tsv")
+    assert sentences and others
+    assert all(pair[0].startswith(("Das Haus Nummer", "Der Vorgang")) for pair in sentences)  # write_ding's sentences
+    assert not any(pair[0].startswith(("Das Haus Nummer", "Der Vorgang")) for pair in others)
+    assert len(set(sentences)) == len(sentences)
+    # Together they are train.tsv: each sentence written --sentence-copies times, the others once, in train.tsv's order.
+    assert Counter(train) == Counter({pair: 3 for pair in sentences}) + Counter(others)
+    assert others == [pair for pair in train if pair not in set(sentences)]
+    first_seen = list(dict.fromkeys(pair for pair in train if pair in set(sentences)))
+    assert sentences == first_seen
 
 
 def test_main_test_split_ignores_gettext(inputs: tuple[Path, Path], tmp_path: Path) -> None:
