@@ -3,7 +3,8 @@
 Several servers run side by side on loopback and take the same burst in turn, round after round (one interleaved
 run): a bare grpcio server that refuses every call at once (bench/refusing_server.py: the floor of any server on
 grpcio's asyncio API on this host), nmt-serve refusing every call for its missing token (its interceptors, no model
-work), and nmt-serve on the model taking the burst for real, once per --niceness value. Each burst is
+work), and nmt-serve on the model taking the burst for real, once per --niceness and --hold-shares value (admitted
+calls wait for a burst to end so that its refusals go out first, server/api/burst_hold.py; 0 turns that off). Each burst is
 `nmt-loadtest --burst N` with its latency counted from the moment the client starts each call; the table gives
 medians over the rounds and each refusal p99 as a ratio to the floor's.
 """
@@ -80,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "de-en-small" / "onnx-int8", help="model dir nmt-serve serves")
     parser.add_argument("--burst", type=int, default=1000, help="calls per burst")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per server, taken in turn")
-    parser.add_argument("--niceness", default="10,0", help="comma-separated nmt-serve --worker-niceness values, one server each")
+    parser.add_argument("--niceness", default="10", help="comma-separated nmt-serve --worker-niceness values, one server each")
+    parser.add_argument("--hold-shares", default="0.25,0",
+                        help="comma-separated nmt-serve --burst-hold-share values, one server each (with each --niceness value)")
     parser.add_argument("--closed-concurrency", type=int, default=32, help="clients of each round's closed loop on the model servers")
     parser.add_argument("--closed-seconds", type=float, default=10.0, help="length of that closed loop (0: none)")
     parser.add_argument("--max-queued-requests", type=int, default=256, help="nmt-serve --max-queued-requests (its default: 256)")
@@ -100,9 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 ServerProcess(None, work, module="nmt_serve.bench.refusing_server")),
                       Contender("nmt-serve, every call refused for its token (UNAUTHENTICATED)",
                                 ServerProcess(args.model, work, *serve_flags, "--auth-token", TOKEN))]  # fmt: skip
-        contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {value}",
-                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", value), at_work=True)
-                       for value in args.niceness.split(",")]  # fmt: skip
+        contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {niceness}, --burst-hold-share {share}",
+                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", niceness, "--burst-hold-share", share),
+                                 at_work=True)
+                       for niceness in args.niceness.split(",") for share in args.hold_shares.split(",")]  # fmt: skip
         try:
             for round_index in range(args.rounds):
                 for contender in rotated(contenders, round_index):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from nmt_serve.runtime.self_check import SelfCheckError
 from nmt_serve.server.api.admission import EarlyAdmission
 from nmt_serve.server.api.arrivals import ArrivalClock
 from nmt_serve.server.api.auth import BearerTokenInterceptor
+from nmt_serve.server.api.burst_hold import BurstHold
 from nmt_serve.server.api.drain import stop_accepting
 from nmt_serve.server.api.fault_logs import quiet_transport_faults
 from nmt_serve.server.api.http_server import HttpServer
@@ -76,12 +78,19 @@ class Server:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.arrivals = ArrivalClock()
-        self.admission = EarlyAdmission(self.scheduler, QUEUED_METHODS, self.metrics, max_hold_s=DRAIN_QUIET_MAX_S + 1)
+        self.burst_hold = BurstHold(self.scheduler, self.arrivals, math.ceil(settings.burst_hold_share * settings.max_queued_requests))
+        self.admission = EarlyAdmission(self.scheduler, QUEUED_METHODS, self.metrics, max_hold_s=DRAIN_QUIET_MAX_S + 1,
+                                        burst_hold=self.burst_hold)
 
     def request_stop(self) -> None:
         """Start the drain, from any thread (what SIGTERM does); nothing once the server has stopped."""
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._stop is not None:
+            self.call_soon(self._stop.set)
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Runs `callback` on the server's event loop, from any thread; nothing once the server has stopped."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(callback)
 
     async def _set_health(self, status: int) -> None:
         for name in (OVERALL, SERVICE_NAME, *(model.health_name for model in self.models)):
@@ -187,6 +196,7 @@ class Server:
                         self.port, closed, self.settings.drain_settle_s)  # fmt: skip
             await asyncio.sleep(self.settings.drain_settle_s)
         self.scheduler.draining = True
+        self.burst_hold.release()  # calls waiting for a burst to end go on now, and are answered as draining
         # Keep the port open while admitted requests finish: calls arriving meanwhile get our UNAVAILABLE
         # ("shutting down", retryable) instead of grpcio cancelling them mid-shutdown.
         loop = asyncio.get_running_loop()

@@ -155,7 +155,7 @@ def test_burst_report_compares_refusals_with_the_bare_grpcio_floor(tiny_model_di
                               "--closed-seconds", "0.5", "--closed-concurrency", "2", "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| server")]
     assert [row[0].split(":")[0].split(",")[0].strip() for row in rows] == ["grpcio alone", "nmt-serve", "nmt-serve", "nmt-serve"]
-    assert rows[0][4].strip() == "1.00x" and "--worker-niceness 10" in rows[2][0] and "--worker-niceness 0" in rows[3][0]
+    assert rows[0][4].strip() == "1.00x" and "--burst-hold-share 0.25" in rows[2][0] and "--burst-hold-share 0" in rows[3][0]
     counts = [[int(value) for value in part.strip().split("-")] for row in rows for part in row[6].split("/")]
     ok_counts, refused_counts = counts[0::2], counts[1::2]  # each a (min, max) over the bursts
     # The floor and the token server refuse every call by construction; how many of the 60 a model server refuses depends

@@ -15,8 +15,10 @@ from typing import Any
 
 import grpc
 
+from nmt_serve.server.api.burst_hold import BurstHold
 from nmt_serve.server.api.error_details import abort
 from nmt_serve.server.api.status import status_for
+from nmt_serve.server.engine.all_schedulers import Schedulers
 from nmt_serve.server.engine.scheduler import Scheduler
 from nmt_serve.server.models.metrics import Metrics
 
@@ -29,8 +31,10 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
     just before the stop, clients that back off after an UNAVAILABLE are all backing off, not sending, at that moment.
     """
 
-    def __init__(self, scheduler: Scheduler, methods: frozenset[str], metrics: Metrics | None = None, max_hold_s: float = 5.0) -> None:
+    def __init__(self, scheduler: Scheduler | Schedulers, methods: frozenset[str], metrics: Metrics | None = None, max_hold_s: float = 5.0,
+                 burst_hold: BurstHold | None = None) -> None:  # fmt: skip
         self.scheduler = scheduler
+        self.burst_hold = burst_hold  # admitted calls wait there under a burst (server/api/burst_hold.py)
         self.methods = methods
         self.metrics = metrics
         self.max_hold_s = max_hold_s  # a held refusal is answered after this long whatever happens
@@ -82,6 +86,8 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         refused = self.refusal_now(details.method)
         if refused is None:
+            if self.burst_hold is not None and details.method in self.methods and self.burst_hold.applies():
+                await self.burst_hold.hold()  # before the message is read: the read is part of what waits
             return await continuation(details)
         code, message = refused
         # Request-streaming handlers that never read: the message is left unread, whatever the client sends.

@@ -49,6 +49,20 @@ class Schedulers:
     def running(self) -> int:
         return sum(scheduler.running for scheduler in self.schedulers)
 
+    @property
+    def places_taken(self) -> int:
+        """The fullest model's requests in flight and places held."""
+        return max(scheduler.places_taken for scheduler in self.schedulers)
+
+    def reserve(self) -> None:
+        """A place in every model's queue: the call's model is named in its message, not read yet."""
+        for scheduler in self.schedulers:
+            scheduler.reserve()
+
+    def unreserve(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.unreserve()
+
     def refusal(self) -> Rejected | None:
         """What any request would meet now, whichever model it names: a refusal only when every model refuses
         (the model is in the message, which the early admission does not read)."""

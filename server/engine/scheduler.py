@@ -76,6 +76,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._requests = 0
         self._tokens = 0
+        self._reserved = 0  # places held by admitted calls not yet submitted (server/api/burst_hold.py)
         self.draining = False
 
     def start(self) -> None:
@@ -100,6 +101,20 @@ class Scheduler:
     def in_flight(self) -> int:
         return self._requests
 
+    @property
+    def places_taken(self) -> int:
+        """Requests in flight plus the places held for calls admitted at arrival and not yet submitted."""
+        return self._requests + self._reserved
+
+    def reserve(self) -> None:
+        """Holds one place for a call admitted at its arrival whose request is not submitted yet; unreserve() gives it back."""
+        with self._lock:
+            self._reserved += 1
+
+    def unreserve(self) -> None:
+        with self._lock:
+            self._reserved -= 1
+
     def _submit(self, src_ids: Sequence[int], options: SearchOptions, deadline: float | None,
                 on_tokens: Callable[[Job, np.ndarray], None] | None, on_done: Callable[[Job], None]) -> tuple[Engine, Job]:  # fmt: skip
         """To the least loaded engine; a worker is then woken."""
@@ -112,8 +127,9 @@ class Scheduler:
         """What any request would meet now, whatever its size (draining, or no place left); cheap, and takes no place."""
         if self.draining:
             return Rejected("draining", "server is shutting down")
-        if self._requests >= self.limits.max_requests:
-            return Rejected("queue_full", f"queue full: {self._requests} requests in flight (limit {self.limits.max_requests})")
+        if self._requests + self._reserved >= self.limits.max_requests:
+            held = f" and {self._reserved} places held for calls being admitted" if self._reserved else ""
+            return Rejected("queue_full", f"queue full: {self._requests} requests in flight{held} (limit {self.limits.max_requests})")
         return None
 
     def _admit(self, src_ids: Sequence[int], deadline: float | None) -> None:

@@ -1,0 +1,159 @@
+"""Under a burst, admitted calls wait for arrivals to pause, holding their places, so that refusals go out first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
+from nmt_serve.server.api.arrivals import ArrivalClock
+from nmt_serve.server.api.burst_hold import BurstHold
+from nmt_serve.server.settings import ServerSettings
+from tests.serving import RunningServer, held_engines, server_settings, wait_for
+
+
+class Places:
+    """The scheduler as the hold sees it: places taken and held, and whether it drains."""
+
+    def __init__(self, taken: int = 0) -> None:
+        self.taken = taken
+        self.reserved = 0
+        self.draining = False
+
+    @property
+    def places_taken(self) -> int:
+        return self.taken + self.reserved
+
+    def reserve(self) -> None:
+        self.reserved += 1
+
+    def unreserve(self) -> None:
+        self.reserved -= 1
+
+
+async def arrive_every(clock: ArrivalClock, period_s: float, count: int) -> float:
+    """Calls arriving `count` times, `period_s` apart; returns the time of the last."""
+    for _ in range(count):
+        clock.last_arrival = time.monotonic()
+        await asyncio.sleep(period_s)
+    return clock.last_arrival
+
+
+def test_a_call_waits_only_once_the_threshold_is_reached() -> None:
+    places = Places(taken=3)
+    hold = BurstHold(places, ArrivalClock(), threshold=4)
+    assert not hold.applies()
+    places.taken = 4
+    assert hold.applies()
+    assert not BurstHold(places, ArrivalClock(), threshold=0).applies()  # 0: never
+
+
+def test_held_calls_keep_their_places_until_arrivals_pause() -> None:
+    async def run() -> tuple[list[float], float, list[int]]:
+        places, clock = Places(taken=4), ArrivalClock()
+        # A pause of 0.2 s ends the burst; the burst's arrivals come 10 ms apart, far closer than that.
+        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
+        released: list[float] = []
+        reserved: list[int] = []
+
+        async def call() -> None:
+            await hold.hold()
+            released.append(time.monotonic())
+
+        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 30))
+        calls = [asyncio.create_task(call()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        reserved.append(places.reserved)  # all three waiting, each holding a place
+        last = await arrivals
+        await asyncio.gather(*calls)
+        reserved.append(places.reserved)
+        return released, last, reserved
+
+    released, last_arrival, reserved = asyncio.run(run())
+    assert reserved == [3, 0]
+    assert all(when > last_arrival for when in released)  # none went on while calls were still arriving
+
+
+def test_draining_lets_held_calls_go_at_once() -> None:
+    async def run() -> tuple[float, float]:
+        places, clock = Places(taken=4), ArrivalClock()
+        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
+        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 100))  # a second of arrivals
+        waiting = asyncio.create_task(hold.hold())
+        await asyncio.sleep(0.05)
+        places.draining = True
+        await waiting
+        released = time.monotonic()
+        last = await arrivals
+        return released, last
+
+    released, last_arrival = asyncio.run(run())
+    assert released < last_arrival  # went on while calls still arrived: the drain answers them all
+
+
+def test_a_call_waits_at_most_max_hold_s() -> None:
+    async def run() -> tuple[float, float, int]:
+        places, clock = Places(taken=4), ArrivalClock()
+        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=0.1)
+        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 100))
+        await hold.hold()
+        released = time.monotonic()
+        last = await arrivals
+        return released, last, places.reserved
+
+    released, last_arrival, reserved = asyncio.run(run())
+    assert released < last_arrival and reserved == 0
+
+
+def test_a_cancelled_call_gives_its_place_back() -> None:
+    async def run() -> int:
+        places, clock = Places(taken=4), ArrivalClock()
+        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
+        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 20))
+        waiting = asyncio.create_task(hold.hold())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await arrivals
+        return places.reserved
+
+    assert asyncio.run(run()) == 0
+
+
+def test_settings_refuse_a_share_outside_zero_to_one() -> None:
+    with pytest.raises(ValueError, match="--burst-hold-share must be between 0"):
+        ServerSettings(burst_hold_share=1.5).validate()
+
+
+def test_server_refuses_beyond_the_held_places_while_held_calls_wait(tiny_model_dir: Path) -> None:
+    # A queue of 8 whose hold starts at 2 places: two calls run (held in the engine), the next six wait at the hold
+    # holding places 3-8, and a ninth is refused at once, while those six have not been read yet. Then all eight finish.
+    settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_hold_share=0.25)
+    with RunningServer(settings) as server:
+        hold = server.server.admission.burst_hold
+        assert hold is not None and hold.threshold == 2
+        # Arrivals never pause long enough, nor does a call wait its longest, here: the six stay held until let go below.
+        hold.quiet_s = hold.max_hold_s = 60.0
+        channel, stub = server.stub()
+        with channel, ThreadPoolExecutor(8) as pool, held_engines(server) as gate:
+            request = pb.TranslateRequest(texts=["Ich sehe den Hund."])
+            running = [pool.submit(stub.Translate, request, timeout=120) for _ in range(2)]
+            assert wait_for(lambda: server.server.scheduler.in_flight == 2, 30)
+            held = [pool.submit(stub.Translate, request, timeout=120) for _ in range(6)]
+            assert wait_for(lambda: hold.held == 6, 30)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Translate(request, timeout=30)
+            assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "6 places held" in caught.value.details()
+            assert hold.held == 6 and server.server.scheduler.in_flight == 2  # the refusal did not wait for them
+            server.server.call_soon(hold.release)
+            gate.open()
+            answers = [future.result(120) for future in running + held]
+        assert all(answer.translations[0].hypotheses[0].text for answer in answers)
+        assert wait_for(lambda: server.server.scheduler.places_taken == 0, 10)
