@@ -48,8 +48,8 @@ class ServerSettings:
     # Admission and engine.
     max_queued_requests: int = 256  # texts waiting or running; beyond: RESOURCE_EXHAUSTED
     max_queued_tokens: int = 64 * 1024  # source tokens waiting or running
-    # Once this share of max_queued_requests is taken, a newly admitted call waits for the arrivals to pause, holding its
-    # place, so that a burst's refusals go out first (server/api/burst_hold.py); 0 = never.
+    # While calls arrive at burst rate and this share of max_queued_requests is taken, a newly admitted call waits for the
+    # burst to end, holding its place, so that the burst's refusals go out first (server/api/burst_hold.py); 0 = never.
     burst_hold_share: float = 0.25
     max_rows: int = 0  # rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU (server/engine/workers.py)
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V, per engine
@@ -148,8 +148,9 @@ MEANINGS = {
     "default_model": "the model name requests with an empty model field get; empty = the first model served",
     "max_rows": "rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU",
     "max_sentences_per_text": "sentences in one text when split_sentences is on; each is its own engine job",
-    "burst_hold_share": "once this share of --max-queued-requests is taken, a newly admitted call waits for arrivals to pause "
-                        "(at most 0.5 s), holding its place, so that a burst's refusals go out first; 0 = never",
+    "burst_hold_share": "while calls arrive at burst rate (64 within 100 ms) and this share of --max-queued-requests is taken, a "
+                        "newly admitted call waits for the burst to end (at most 0.5 s), holding its place, so that the burst's "
+                        "refusals go out first; 0 = never",
     "join_wait_steps": "a busy batch takes newcomers once join_group wait or the oldest waited this many steps; 0 = every step",
     "default_deadline_s": "applied when the client sets no deadline",
     "max_deadline_s": "the longest any call lives: longer client deadlines are cut to it, a request not arrived by then is DEADLINE_EXCEEDED",

@@ -11,7 +11,6 @@ import grpc
 import pytest
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.api.arrivals import ArrivalClock
 from nmt_serve.server.api.burst_hold import BurstHold
 from nmt_serve.server.settings import ServerSettings
 from tests.serving import RunningServer, held_engines, server_settings, wait_for
@@ -36,28 +35,52 @@ class Places:
         self.reserved -= 1
 
 
-async def arrive_every(clock: ArrivalClock, period_s: float, count: int) -> float:
+async def arrive_every(hold: BurstHold, period_s: float, count: int) -> float:
     """Calls arriving `count` times, `period_s` apart; returns the time of the last."""
+    last = time.monotonic()
     for _ in range(count):
-        clock.last_arrival = time.monotonic()
+        hold.arrived()
+        last = time.monotonic()
         await asyncio.sleep(period_s)
-    return clock.last_arrival
+    return last
 
 
-def test_a_call_waits_only_once_the_threshold_is_reached() -> None:
+def burst_hold(places: Places, max_hold_s: float = 30.0) -> BurstHold:
+    # A burst here: 4 calls within 0.2 s; the tests' calls arrive 10 ms apart, far faster than that.
+    return BurstHold(places, threshold=4, burst_calls=4, window_s=0.2, max_hold_s=max_hold_s)
+
+
+def test_a_call_waits_only_in_a_burst_once_the_threshold_is_reached() -> None:
     places = Places(taken=3)
-    hold = BurstHold(places, ArrivalClock(), threshold=4)
-    assert not hold.applies()
+    hold = burst_hold(places)
+    for _ in range(4):
+        hold.arrived()
+    assert hold.in_burst() and not hold.applies()  # below the threshold
     places.taken = 4
     assert hold.applies()
-    assert not BurstHold(places, ArrivalClock(), threshold=0).applies()  # 0: never
+    calm = burst_hold(places)
+    for _ in range(3):
+        calm.arrived()
+    assert not calm.in_burst() and not calm.applies()  # too few calls for a burst
+    never = BurstHold(places, threshold=0, burst_calls=4, window_s=0.2)
+    for _ in range(4):
+        never.arrived()
+    assert not never.applies()  # 0: never
 
 
-def test_held_calls_keep_their_places_until_arrivals_pause() -> None:
+def test_a_burst_ends_when_its_rate_falls() -> None:
+    hold = burst_hold(Places(taken=4))
+    for _ in range(4):
+        hold.arrived()
+    assert hold.in_burst()
+    time.sleep(0.25)
+    assert not hold.in_burst()  # the last 4 calls are now older than the window
+
+
+def test_held_calls_keep_their_places_until_the_burst_is_over() -> None:
     async def run() -> tuple[list[float], float, list[int]]:
-        places, clock = Places(taken=4), ArrivalClock()
-        # A pause of 0.2 s ends the burst; the burst's arrivals come 10 ms apart, far closer than that.
-        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
+        places = Places(taken=4)
+        hold = burst_hold(places)
         released: list[float] = []
         reserved: list[int] = []
 
@@ -65,7 +88,9 @@ def test_held_calls_keep_their_places_until_arrivals_pause() -> None:
             await hold.hold()
             released.append(time.monotonic())
 
-        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 30))
+        for _ in range(4):
+            hold.arrived()
+        arrivals = asyncio.create_task(arrive_every(hold, 0.01, 30))
         calls = [asyncio.create_task(call()) for _ in range(3)]
         await asyncio.sleep(0.05)
         reserved.append(places.reserved)  # all three waiting, each holding a place
@@ -76,14 +101,16 @@ def test_held_calls_keep_their_places_until_arrivals_pause() -> None:
 
     released, last_arrival, reserved = asyncio.run(run())
     assert reserved == [3, 0]
-    assert all(when > last_arrival for when in released)  # none went on while calls were still arriving
+    assert all(when > last_arrival for when in released)  # none went on while the burst went on
 
 
 def test_draining_lets_held_calls_go_at_once() -> None:
     async def run() -> tuple[float, float]:
-        places, clock = Places(taken=4), ArrivalClock()
-        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
-        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 100))  # a second of arrivals
+        places = Places(taken=4)
+        hold = burst_hold(places)
+        for _ in range(4):
+            hold.arrived()
+        arrivals = asyncio.create_task(arrive_every(hold, 0.01, 100))  # a second of arrivals
         waiting = asyncio.create_task(hold.hold())
         await asyncio.sleep(0.05)
         places.draining = True
@@ -98,9 +125,11 @@ def test_draining_lets_held_calls_go_at_once() -> None:
 
 def test_a_call_waits_at_most_max_hold_s() -> None:
     async def run() -> tuple[float, float, int]:
-        places, clock = Places(taken=4), ArrivalClock()
-        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=0.1)
-        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 100))
+        places = Places(taken=4)
+        hold = burst_hold(places, max_hold_s=0.1)
+        for _ in range(4):
+            hold.arrived()
+        arrivals = asyncio.create_task(arrive_every(hold, 0.01, 100))
         await hold.hold()
         released = time.monotonic()
         last = await arrivals
@@ -112,9 +141,11 @@ def test_a_call_waits_at_most_max_hold_s() -> None:
 
 def test_a_cancelled_call_gives_its_place_back() -> None:
     async def run() -> int:
-        places, clock = Places(taken=4), ArrivalClock()
-        hold = BurstHold(places, clock, threshold=4, quiet_s=0.2, max_hold_s=30.0)
-        arrivals = asyncio.create_task(arrive_every(clock, 0.01, 20))
+        places = Places(taken=4)
+        hold = burst_hold(places)
+        for _ in range(4):
+            hold.arrived()
+        arrivals = asyncio.create_task(arrive_every(hold, 0.01, 20))
         waiting = asyncio.create_task(hold.hold())
         await asyncio.sleep(0.05)
         waiting.cancel()
@@ -136,10 +167,10 @@ def test_server_refuses_beyond_the_held_places_while_held_calls_wait(tiny_model_
     # holding places 3-8, and a ninth is refused at once, while those six have not been read yet. Then all eight finish.
     settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_hold_share=0.25)
     with RunningServer(settings) as server:
-        hold = server.server.admission.burst_hold
-        assert hold is not None and hold.threshold == 2
-        # Arrivals never pause long enough, nor does a call wait its longest, here: the six stay held until let go below.
-        hold.quiet_s = hold.max_hold_s = 60.0
+        assert server.server.admission.burst_hold is not None and server.server.admission.burst_hold.threshold == 2
+        # Any two calls within a minute make a burst here, and a call may wait a minute: the six stay held until let go.
+        hold = server.server.admission.burst_hold = BurstHold(server.server.scheduler, threshold=2, burst_calls=2, window_s=60.0,
+                                                               max_hold_s=60.0)  # fmt: skip
         channel, stub = server.stub()
         with channel, ThreadPoolExecutor(8) as pool, held_engines(server) as gate:
             request = pb.TranslateRequest(texts=["Ich sehe den Hund."])

@@ -85,9 +85,11 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
         refused = self.refusal_now(details.method)
-        if refused is None:
-            if self.burst_hold is not None and details.method in self.methods and self.burst_hold.applies():
+        if self.burst_hold is not None and details.method in self.methods:
+            self.burst_hold.arrived()
+            if refused is None and self.burst_hold.applies():
                 await self.burst_hold.hold()  # before the message is read: the read is part of what waits
+        if refused is None:
             return await continuation(details)
         code, message = refused
         # Request-streaming handlers that never read: the message is left unread, whatever the client sends.
