@@ -13,7 +13,7 @@ import pytest
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.burst_hold import BurstHold
 from nmt_serve.server.settings import ServerSettings
-from tests.serving import RunningServer, held_engines, server_settings, wait_for
+from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
 
 
 class Places:
@@ -188,3 +188,25 @@ def test_server_refuses_beyond_the_held_places_while_held_calls_wait(tiny_model_
             answers = [future.result(120) for future in running + held]
         assert all(answer.translations[0].hypotheses[0].text for answer in answers)
         assert wait_for(lambda: server.server.scheduler.places_taken == 0, 10)
+
+
+def test_a_held_call_its_client_cancels_is_counted_once(tiny_model_dir: Path) -> None:
+    settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_hold_share=0.25)
+    with RunningServer(settings) as server:
+        hold = server.server.admission.burst_hold = BurstHold(server.server.scheduler, threshold=2, burst_calls=2, window_s=60.0,
+                                                               max_hold_s=60.0)  # fmt: skip
+        channel, stub = server.stub()
+        with channel, ThreadPoolExecutor(2) as pool, held_engines(server) as gate:
+            request = pb.TranslateRequest(texts=["Ich sehe den Hund."])
+            running = [pool.submit(stub.Translate, request, timeout=120) for _ in range(2)]
+            assert wait_for(lambda: server.server.scheduler.in_flight == 2, 30)
+            held = stub.Translate.future(request, timeout=120)
+            assert wait_for(lambda: hold.held == 1, 30)
+            held.cancel()
+            assert wait_for(lambda: hold.held == 0 and server.server.scheduler.places_taken == 2, 30)  # its place is back
+            gate.open()
+            assert all(future.result(120).translations for future in running)
+        samples = scrape_until(server.server.metrics_port,
+                               lambda found: total(found, "nmt_requests_total", method="Translate", code="CANCELLED") >= 1)
+    assert total(samples, "nmt_requests_total", method="Translate", code="CANCELLED") == 1
+    assert total(samples, "nmt_requests_total", method="Translate", code="OK") == 2

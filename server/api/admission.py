@@ -69,6 +69,17 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         finally:
             self._held -= 1
 
+    async def _wait_out_burst(self, hold: BurstHold, method: str) -> None:
+        """The burst hold, before the message is read (the read is part of what waits); a call its client cancels there
+        never reaches a handler, so it is counted here."""
+        started = time.perf_counter()
+        try:
+            await hold.hold()
+        except asyncio.CancelledError:
+            if self.metrics is not None:
+                self.metrics.answered(method.rsplit("/", 1)[-1], grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
+            raise
+
     def refusal_now(self, method: str) -> tuple[grpc.StatusCode, str] | None:
         """For a call to `method` (a full name) arriving now: its status when the scheduler has no place for any request
         (counted as a refusal), else None. The HTTP API asks it too, before reading a body."""
@@ -88,7 +99,7 @@ class EarlyAdmission(grpc.aio.ServerInterceptor):
         if self.burst_hold is not None and details.method in self.methods:
             self.burst_hold.arrived()
             if refused is None and self.burst_hold.applies():
-                await self.burst_hold.hold()  # before the message is read: the read is part of what waits
+                await self._wait_out_burst(self.burst_hold, details.method)
         if refused is None:
             return await continuation(details)
         code, message = refused
