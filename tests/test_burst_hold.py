@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -162,24 +163,38 @@ def test_settings_refuse_a_share_outside_zero_to_one() -> None:
         ServerSettings(burst_hold_share=1.5).validate()
 
 
+REQUEST = pb.TranslateRequest(texts=["Ich sehe den Hund."])
+
+
+def hold_every_call(server: RunningServer) -> BurstHold:
+    """The server's hold, made to keep calls until released: any two calls within a minute make a burst, and a call may
+    wait a minute (the shipped window and longest wait would let them go on their own here)."""
+    hold = BurstHold(server.server.scheduler, threshold=2, burst_calls=2, window_s=60.0, max_hold_s=60.0)
+    server.server.admission.burst_hold = hold
+    return hold
+
+
+def two_running(server: RunningServer, stub: Any, pool: ThreadPoolExecutor) -> list[Future[Any]]:
+    """Two calls in the engine (held there by the step gate): the hold's threshold is reached."""
+    running = [pool.submit(stub.Translate, REQUEST, timeout=120) for _ in range(2)]
+    assert wait_for(lambda: server.server.scheduler.in_flight == 2, 30)
+    return running
+
+
 def test_server_refuses_beyond_the_held_places_while_held_calls_wait(tiny_model_dir: Path) -> None:
     # A queue of 8 whose hold starts at 2 places: two calls run (held in the engine), the next six wait at the hold
     # holding places 3-8, and a ninth is refused at once, while those six have not been read yet. Then all eight finish.
     settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_hold_share=0.25)
     with RunningServer(settings) as server:
         assert server.server.admission.burst_hold is not None and server.server.admission.burst_hold.threshold == 2
-        # Any two calls within a minute make a burst here, and a call may wait a minute: the six stay held until let go.
-        hold = server.server.admission.burst_hold = BurstHold(server.server.scheduler, threshold=2, burst_calls=2, window_s=60.0,
-                                                               max_hold_s=60.0)  # fmt: skip
+        hold = hold_every_call(server)
         channel, stub = server.stub()
         with channel, ThreadPoolExecutor(8) as pool, held_engines(server) as gate:
-            request = pb.TranslateRequest(texts=["Ich sehe den Hund."])
-            running = [pool.submit(stub.Translate, request, timeout=120) for _ in range(2)]
-            assert wait_for(lambda: server.server.scheduler.in_flight == 2, 30)
-            held = [pool.submit(stub.Translate, request, timeout=120) for _ in range(6)]
+            running = two_running(server, stub, pool)
+            held = [pool.submit(stub.Translate, REQUEST, timeout=120) for _ in range(6)]
             assert wait_for(lambda: hold.held == 6, 30)
             with pytest.raises(grpc.RpcError) as caught:
-                stub.Translate(request, timeout=30)
+                stub.Translate(REQUEST, timeout=30)
             assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "6 places held" in caught.value.details()
             assert hold.held == 6 and server.server.scheduler.in_flight == 2  # the refusal did not wait for them
@@ -191,16 +206,12 @@ def test_server_refuses_beyond_the_held_places_while_held_calls_wait(tiny_model_
 
 
 def test_a_held_call_its_client_cancels_is_counted_once(tiny_model_dir: Path) -> None:
-    settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_hold_share=0.25)
-    with RunningServer(settings) as server:
-        hold = server.server.admission.burst_hold = BurstHold(server.server.scheduler, threshold=2, burst_calls=2, window_s=60.0,
-                                                               max_hold_s=60.0)  # fmt: skip
+    with RunningServer(server_settings(tiny_model_dir, max_queued_requests=8)) as server:
+        hold = hold_every_call(server)
         channel, stub = server.stub()
         with channel, ThreadPoolExecutor(2) as pool, held_engines(server) as gate:
-            request = pb.TranslateRequest(texts=["Ich sehe den Hund."])
-            running = [pool.submit(stub.Translate, request, timeout=120) for _ in range(2)]
-            assert wait_for(lambda: server.server.scheduler.in_flight == 2, 30)
-            held = stub.Translate.future(request, timeout=120)
+            running = two_running(server, stub, pool)
+            held = stub.Translate.future(REQUEST, timeout=120)
             assert wait_for(lambda: hold.held == 1, 30)
             held.cancel()
             assert wait_for(lambda: hold.held == 0 and server.server.scheduler.places_taken == 2, 30)  # its place is back
