@@ -4,8 +4,8 @@ Why: in a burst of 1,000 calls against a queue of 256 the refusals queued on the
 before them (reading the message, tokenizing, submitting, answering) and behind the engines' start on them; the
 refusals' p99 was about 3x that of a bare grpcio server refusing every call (bench/results/burst.md). While calls
 arrive at burst rate (BURST_CALLS within BURST_WINDOW_S) and a quarter of the queue is taken, a newly admitted call
-holds its place and waits until the rate falls below that (or MAX_HOLD_S has passed, or the server drains), then goes
-on as usual. Under steady load, whatever the queue holds, no call waits.
+holds its place and waits until the rate falls below that (or MAX_HOLD_S has passed, or the drain calls release()),
+then goes on as usual. Under steady load, whatever the queue holds, no call waits.
 
 A burst is told by rate, not by a pause: a burst's calls reach the handlers in waves with gaps of 2-45 ms between
 them, so a hold that ended at the first 2 ms without a call ended a dozen times per burst and bought nothing
@@ -32,8 +32,6 @@ MAX_HOLD_S = 0.5
 
 class Places(Protocol):
     """What the hold needs of the scheduler (server/engine/all_schedulers.py)."""
-
-    draining: bool
 
     @property
     def places_taken(self) -> int: ...
@@ -95,7 +93,7 @@ class BurstHold:
 
     async def _set_when_over(self, over: asyncio.Event) -> None:
         try:
-            while not self.scheduler.draining and self.in_burst():
+            while self.in_burst():
                 await asyncio.sleep(self.window_s / 8)
         finally:
             if self._over is over:
