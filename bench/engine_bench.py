@@ -24,15 +24,17 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem, add_cell_arguments, cells_from
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
+from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.server.engine.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 
 
-def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool, workers: int = 1) -> list[System]:
+def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool, workers: int = 1,
+                  torch_device: str = "cpu") -> list[System]:  # fmt: skip
     """workers: translators working in parallel per system, `threads` each (our engines; CTranslate2's
     inter_threads); PyTorch has no such setting and runs on workers x threads threads."""
-    systems: list[System] = [TorchSystem(checkpoint, threads * workers)]
+    systems: list[System] = [TorchSystem(checkpoint, threads * workers, torch_device)]
     if with_ct2:
         from nmt_serve.bench.ct2_convert import convert_checkpoint
 
@@ -43,8 +45,10 @@ def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, thr
             systems.append(CTranslate2System(ct2_dir, tokens, threads, label, workers))
     for label, model_dir in model_dirs.items():
         systems.append(EngineSystem(model_dir, threads, label, engines=workers))
-    if workers == 1:  # the ceiling is per engine; with several workers the memory system is shared and it would not bound
-        systems += [MatmulCeiling(model_dir, threads, label) for label, model_dir in model_dirs.items()]
+    # The ceiling is per engine; with several workers the memory system is shared and it would not bound. It times
+    # ONNX Runtime's CPU kernels, so it bounds nothing where the engines run on CUDA.
+    if workers == 1 and available_providers()[0] == "CPUExecutionProvider":
+        systems += [MatmulCeiling(model_dir, threads, label) for label, model_dir in model_dirs.items() if label in TARGETS]
     return systems
 
 
@@ -66,7 +70,7 @@ def time_cells(systems: list[System], sources: list[list[int]], cells: list[Cell
 
 def format_table(title: str, systems: list[System], cells: list[Cell], results: dict[tuple[Cell, str], list[float]]) -> str:
     names = [system.name for system in systems]
-    lines = [f"### {title}", "", "Median target tokens/s (ratio to the best fp32 peer; ratio of int8 to CTranslate2 int8).", ""]
+    lines = [f"### {title}", "", "Median target tokens/s (ratio of fp32 and fp16 to the best fp32 peer; of int8 to CTranslate2 int8).", ""]
     lines.append("| batch | beam | " + " | ".join(names) + " |")
     lines.append("|---|---|" + "---|" * len(names))
     for cell in cells:
@@ -76,7 +80,7 @@ def format_table(title: str, systems: list[System], cells: list[Cell], results: 
         row = []
         for name in names:
             value = f"{medians[name]:.0f}"
-            if name.startswith("nmt-serve") and "fp32" in name:
+            if name.startswith("nmt-serve") and ("fp32" in name or "fp16" in name):
                 value += f" ({medians[name] / best_peer:.2f}x)"
             elif name.startswith("nmt-serve") and "int8" in name and "ctranslate2 int8" in medians:
                 value += f" ({medians[name] / medians['ctranslate2 int8']:.2f}x)"
@@ -130,6 +134,18 @@ def format_profiles(model: str, systems: list[EngineSystem]) -> str:
     return "\n".join(lines)
 
 
+def exported_dir(checkpoint: Path, precision: str, parity_test: Path | None) -> Path:
+    """CHECKPOINT/onnx-PRECISION, exported there by nmt-export (its parity report included) when it is missing."""
+    model_dir = checkpoint / f"onnx-{precision}"
+    if not (model_dir / "manifest.json").is_file():
+        from nmt_serve.export.onnx_export import main as export_main
+
+        parity = ["--parity-test", str(parity_test), "--parity-limit", "200"] if parity_test is not None and parity_test.is_file() else []
+        if export_main([str(checkpoint), "--out", str(model_dir), "--precision", precision, *parity]) != 0:
+            raise SystemExit(f"nmt-export {checkpoint} --precision {precision} failed")
+    return model_dir
+
+
 def sample_sources(test: Path | None, count: int, vocab_size: int, checkpoint: Path, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     if test is not None and test.is_file():
@@ -163,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="parallel translators per system: our engines (nmt-serve --engines), CTranslate2 inter_threads")
     parser.add_argument("--models", default="default,base", help="default (the shipped model) and/or base (random d512 6+6 V32k)")
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
+    parser.add_argument("--precisions", default="fp32,int8",
+                        help="exported precisions of ours to time (fp32, int8, fp16); the default model's are read from CHECKPOINT/onnx-P, exported there first when missing")
+    parser.add_argument("--torch-device", default="cpu", help="where the PyTorch peer runs (cpu, cuda)")
     parser.add_argument("--open-loop-seconds", type=float, default=30.0, help="per batching mode; 0 skips the open-loop run")
     parser.add_argument("--open-loop-row-caps", default="32", help="comma-separated row caps of the capped continuous modes")
     parser.add_argument("--open-loop-repeats", type=int, default=3, help="rounds of the open loop, each with its own arrivals (medians)")
@@ -175,17 +194,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     cells = cells_from(args)
+    precisions = [p for p in args.precisions.split(",") if p]
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for model in args.models.split(","):
             if model == "default":
-                checkpoint, model_dirs = args.checkpoint, {p: args.checkpoint / f"onnx-{p}" for p in ("fp32", "int8")}
+                checkpoint, model_dirs = args.checkpoint, {p: exported_dir(args.checkpoint, p, args.test) for p in precisions}
                 test = args.test
             else:
-                checkpoint, model_dirs = build_random_checkpoint(work / "base")
+                checkpoint, model_dirs = build_random_checkpoint(work / "base", precisions=precisions)
                 test = None
-            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2, args.workers)
+            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2, args.workers, args.torch_device)
             # torch and the systems' objects frozen: a full collection (~80 ms over ~170k objects) would
             # otherwise land in a random cell of a random system.
             gc.freeze()
@@ -205,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 caps = tuple(int(cap) for cap in args.open_loop_row_caps.split(",") if cap)
                 sections.append(f"Open-loop engine: {engine_system.name}.\n\n" + run_open_loop(engine_system.runtime, sources, args.open_loop_seconds, row_caps=caps,
                                                                                             repeats=args.open_loop_repeats))
-            if model == "default" and args.metrics_cost_repeats > 0:
+            if model == "default" and args.metrics_cost_repeats > 0 and "int8" in model_dirs:
                 sections.append(metrics_cost(model_dirs["int8"], sources, args.threads, args.metrics_cost_repeats, args.length))
     write_report("Engine benchmark", "nmt-bench", argv, sections, args.out)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from nmt_serve.model.transformer import Transformer
 BASE_VOCAB = 32000
 
 
-def build_random_checkpoint(out: Path, seed: int = 0) -> tuple[Path, dict[str, Path]]:
+def build_random_checkpoint(out: Path, seed: int = 0, precisions: Sequence[str] = ("fp32", "int8")) -> tuple[Path, dict[str, Path]]:
     """Random weights: only speed is measured on it, so a word-level stand-in vocabulary is enough."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -28,7 +29,7 @@ def build_random_checkpoint(out: Path, seed: int = 0) -> tuple[Path, dict[str, P
     Tokenizer(HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))).save(out / "tokenizer.json")
     save_weights(Transformer(config).eval(), out)
     model_dirs = {}
-    for precision in ("fp32", "int8"):
+    for precision in precisions:
         model_dirs[precision] = out / f"onnx-{precision}"
         texts = [" ".join(f"t{index}" for index in range(start, start + 12)) for start in range(10, 90, 10)]
         export_model_dir(out, model_dirs[precision], precision, "base-random", "random", texts)

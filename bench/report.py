@@ -26,11 +26,23 @@ def write_report(title: str, program: str, argv: Sequence[str] | None, sections:
     """Writes `out` and echoes it to stdout; `argv` None means this process's own arguments."""
     command = program + " " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
     report = (f"# {title}\n\nProduced by `{command.strip()}` on {time.strftime('%Y-%m-%d')} at commit {commit()}, "
-              f"on {describe_cpu(cpu_facts())}.\n\n" + "\n\n".join(sections) + "\n")
+              f"on {describe_cpu(cpu_facts())}{describe_gpu()}.\n\n" + "\n\n".join(sections) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report, encoding="utf-8")
     sys.stdout.write(report)
     return report
+
+
+def describe_gpu() -> str:
+    """', GPU NVIDIA H100 80GB HBM3 (driver 580.159.04)' where nvidia-smi answers, else '': a result measured on
+    CUDA names the card, one measured on the CPU names nothing more."""
+    try:
+        answer = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True,
+                                check=True, timeout=30).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    cards = [line.split(", ") for line in answer.splitlines() if line.strip()]
+    return "".join(f", GPU {name} (driver {driver})" for name, driver in (card for card in cards if len(card) == 2))
 
 
 def commit() -> str:

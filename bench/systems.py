@@ -57,11 +57,11 @@ def forced_options(cell: Cell) -> SearchOptions:
 class TorchSystem:
     """Our PyTorch model through model/search.py (eager, KV cache)."""
 
-    def __init__(self, checkpoint_dir: Path, threads: int) -> None:
+    def __init__(self, checkpoint_dir: Path, threads: int, device: str = "cpu") -> None:
         torch.set_num_threads(threads)
-        self.model = load_checkpoint(checkpoint_dir).model
+        self.model = load_checkpoint(checkpoint_dir, device).model
         self.step = TorchStep(self.model)
-        self.name = "pytorch fp32"
+        self.name = "pytorch fp32" + (f" ({device})" if device != "cpu" else "")
 
     def run(self, sources: Sequence[Sequence[int]], cell: Cell) -> int:
         config = self.model.config
