@@ -140,7 +140,7 @@ def exported_dir(checkpoint: Path, precision: str, parity_test: Path | None) -> 
     if not (model_dir / "manifest.json").is_file():
         from nmt_serve.export.onnx_export import main as export_main
 
-        parity = ["--parity-test", str(parity_test), "--parity-limit", "200"] if parity_test is not None and parity_test.is_file() else []
+        parity = ["--parity-test", str(parity_test), "--parity-limit", "100"] if parity_test is not None and parity_test.is_file() else []
         if export_main([str(checkpoint), "--out", str(model_dir), "--precision", precision, *parity]) != 0:
             raise SystemExit(f"nmt-export {checkpoint} --precision {precision} failed")
     return model_dir

@@ -96,6 +96,12 @@ class StepCache:
         self.present_names = [output.name for output in session.get_outputs() if output.name.startswith("present_")]
         self.cross_names = list(cross_names)
         self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
+        # ONNX Runtime copies an input bound in CPU memory to the device its nodes run on when it is bound, not when
+        # the session runs (IOBinding::BindInput). On the CPU the binding reads the live buffers at every run; on
+        # CUDA a kept binding would feed every later step the tokens, positions and past K/V of the step it was
+        # made for (measured: log-probs off by up to 16 from PyTorch's, 0 of 100 sentences decoded alike), so
+        # there every run binds afresh. Outputs bound in CPU memory are copied into it at the end of each run.
+        self.binds_every_run = session.get_providers()[0] != "CPUExecutionProvider"
         self.reset()
 
     def clear(self) -> None:
@@ -279,6 +285,8 @@ class StepCache:
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
         layout = (self.rows, *self._source_queries.shape)
+        if self.binds_every_run:
+            self._forget_bindings()
         if self._binding is None or self._binding.layout != layout:
             self._binding = self._bindings.get(layout) or self._bind(layout)
         if self._binding.candidates != self._wanted:

@@ -69,8 +69,8 @@ def test_cuda_answer_does_not_depend_on_the_batch(cuda_runtime: Runtime, options
 
 
 def test_cuda_self_check_passes(cuda_runtime: Runtime) -> None:
-    """The server's start-up check (refuse mode) on CUDA: the exporting CPU's reference log-probs within the fp32 bound,
-    and the reference sentences alone and packed bit-identical."""
+    """The server's start-up check (refuse mode) on CUDA: the exporting CPU's reference log-probs, and the reference
+    sentences alone against packed, within the fp32 bound."""
     result = cuda_runtime.self_check()
     assert result is not None
     assert result.passed, result.describe()
