@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus corpus-packages protos k8s-rules stack stack-down stack-restart stack-test
+.PHONY: install test serve corpus corpus-packages protos k8s-rules stack stack-down stack-restart stack-test gpu-check
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
@@ -54,3 +54,13 @@ stack-restart:
 # (tests/test_stack.py); skipped where no container can run, with podman's reason.
 stack-test:
 	$(PYTHON) -m pytest -m container tests/test_stack.py
+
+# On a machine with an NVIDIA GPU, after `make install` with onnxruntime-gpu: the tests marked gpu, then the engine
+# (fp32 and fp16; the fp16 dir is exported into artifacts/de-en-small/onnx-fp16 with its parity report) and the
+# server on CUDA, each result naming the GPU. CTranslate2's CUDA build is not a peer here (it needs CUDA 12 libraries).
+gpu-check:
+	$(PYTHON) -m pytest -m gpu -rs
+	nmt-bench --models default,base --precisions fp32,fp16 --no-ct2 --torch-device cuda --batches 1,8,32,128 --threads 1 \
+		--open-loop-seconds 0 --metrics-cost-repeats 0 --out bench/results/engine-gpu.md
+	nmt-load-report --precisions fp32,fp16 --concurrency 1,8,32,128 --point-seconds 10 --overload-seconds 0 \
+		--sigterm-after 0 --soak-seconds 0 --out bench/results/load-gpu.md

@@ -86,7 +86,7 @@ def curve(model_dirs: dict[str, Path], concurrencies: list[int], seconds: float,
                 lat = report.latency_s
                 lines.append(f"| {precision} | {concurrency} | {report.requests_per_s:.1f} | {report.tokens_per_s:.0f} | {lat['p50']:.3f} "
                              f"| {lat['p90']:.3f} | {lat['p99']:.3f} | {report.errors} |")  # fmt: skip
-                if precision == "int8":
+                if precision == list(model_dirs)[-1]:  # the precision the later sections load
                     capacity = max(capacity, report.requests_per_s)
                 logger.info("%s concurrency %d: %.1f requests/s", precision, concurrency, report.requests_per_s)
         finally:
@@ -171,12 +171,14 @@ def soak(model_dir: Path, seconds: float, flags: tuple[str, ...], texts: Path | 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-load-report", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
-    parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "de-en-small", help="checkpoint dir holding onnx-fp32/ and onnx-int8/")
+    parser.add_argument("--model", type=Path, default=ROOT / "artifacts" / "de-en-small", help="checkpoint dir holding onnx-P/ for each precision")
+    parser.add_argument("--precisions", default="fp32,int8",
+                        help="model dirs of the curve (CHECKPOINT/onnx-P); the overload, SIGTERM and soak sections load the last one")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     parser.add_argument("--point-seconds", type=float, default=20.0)
-    parser.add_argument("--overload-seconds", type=float, default=180.0)
-    parser.add_argument("--soak-seconds", type=float, default=600.0)
-    parser.add_argument("--sigterm-after", type=float, default=5.0, help="seconds of load before SIGTERM")
+    parser.add_argument("--overload-seconds", type=float, default=180.0, help="0 skips the overload section")
+    parser.add_argument("--soak-seconds", type=float, default=600.0, help="0 skips the soak section")
+    parser.add_argument("--sigterm-after", type=float, default=5.0, help="seconds of load before SIGTERM; 0 skips the SIGTERM section")
     parser.add_argument("--engines", type=int, default=0, help="nmt-serve --engines (0: the server's choice)")
     parser.add_argument("--threads", type=int, default=0, help="nmt-serve --threads, ONNX Runtime threads per session (0: the server's choice)")
     parser.add_argument("--texts", type=Path, default=None, help="as nmt-loadtest --texts")
@@ -187,15 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    model_dirs = {precision: args.model / f"onnx-{precision}" for precision in ("fp32", "int8")}
+    model_dirs = {precision: args.model / f"onnx-{precision}" for precision in args.precisions.split(",") if precision}
+    loaded = list(model_dirs.values())[-1]
     concurrencies = [int(value) for value in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         flags = ("--engines", str(args.engines), "--threads", str(args.threads))
         table, capacity = curve(model_dirs, concurrencies, args.point_seconds, flags, args.texts, work)
-        sections = [table, overload(model_dirs["int8"], capacity, args.overload_seconds, flags, args.texts, work),
-                    sigterm_under_load(model_dirs["int8"], flags, args.texts, work, after_s=args.sigterm_after),
-                    soak(model_dirs["int8"], args.soak_seconds, flags, args.texts, work)]  # fmt: skip
+        sections = [table]
+        if args.overload_seconds > 0:
+            sections.append(overload(loaded, capacity, args.overload_seconds, flags, args.texts, work))
+        if args.sigterm_after > 0:
+            sections.append(sigterm_under_load(loaded, flags, args.texts, work, after_s=args.sigterm_after))
+        if args.soak_seconds > 0:
+            sections.append(soak(loaded, args.soak_seconds, flags, args.texts, work))
     write_report("Load and reliability figures", "nmt-load-report", argv, sections, args.out)
     return 0
 
