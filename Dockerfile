@@ -8,6 +8,10 @@
 # git commit, "-dirty" when the tree had changes; also nmt_build_info's commit), SOURCE (the repository URL).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# onnxruntime-gpu's CUDA major must be the image's: its CUDA provider links libcublas.so.12 up to 1.26 and
+# libcublas.so.13 from 1.27 (read from the wheels' libonnxruntime_providers_cuda.so); with the wrong one it fails
+# to load and the server runs on the CPU. A CUDA 13 image takes "onnxruntime-gpu>=1.27".
+ARG ONNXRUNTIME_GPU="onnxruntime-gpu>=1.20,<1.27"
 ARG VERSION=""
 ARG REVISION=""
 ARG SOURCE=""
@@ -84,7 +88,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONT
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN --mount=type=bind,from=dist,source=/dist,target=/tmp/dist pip install "$(ls /tmp/dist/nmt_serve-*.whl)[serve]"
+ARG ONNXRUNTIME_GPU
+RUN --mount=type=bind,from=dist,source=/dist,target=/tmp/dist pip install "$(ls /tmp/dist/nmt_serve-*.whl)[serve]" "${ONNXRUNTIME_GPU}"
 RUN useradd --system --uid 10001 --no-create-home nmt
 # fp32 on the GPU (int8 dynamic quantization is a CPU format).
 COPY --from=models /models/de-en-small/onnx-fp32/ /models/de-en-small/onnx-fp32/

@@ -267,6 +267,11 @@ def test_dockerfile_builds_cpu_and_gpu_targets_torch_free_and_non_root() -> None
         assert re.search(r"^USER (?!root)\w+", body, flags=re.MULTILINE), f"{stage} runs as root"
         assert 'HEALTHCHECK' in body and '"nmt-health"' in body
     assert not re.search(r"\b(curl|wget)\b", text), "the image must not download binaries"
+    # The GPU image's onnxruntime-gpu is built for its CUDA major (1.26 and older: CUDA 12; 1.27 and newer: CUDA 13).
+    cuda_major = int(re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.", text, flags=re.MULTILINE).group(1))  # type: ignore[union-attr]
+    onnxruntime_gpu = re.search(r'^ARG ONNXRUNTIME_GPU="([^"]+)"', text, flags=re.MULTILINE).group(1)  # type: ignore[union-attr]
+    assert onnxruntime_gpu == {12: "onnxruntime-gpu>=1.20,<1.27", 13: "onnxruntime-gpu>=1.27"}[cuda_major]
+    assert '"${ONNXRUNTIME_GPU}"' in text.split(" AS gpu\n", 1)[1]
     # Every file the image copies exists in the repository.
     for source in re.findall(r"^COPY (?!--from)(\S+)", text, flags=re.MULTILINE):
         assert (ROOT / source).exists(), source
