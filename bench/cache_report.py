@@ -98,7 +98,7 @@ def measure(args: argparse.Namespace, flags: list[str], slices: list[Path], work
     servers: list[ServerProcess] = []
     try:
         for budget in (0, args.cache_mb):
-            servers.append(ServerProcess(args.model_dir, work, "--cache-mb", str(budget), "--http-port", "0"))
+            servers.append(ServerProcess(args.model_dir, work, "--cache-mb", str(budget), "--http-port", "0", *args.server_flags.split()))
         plan = [("no cache", servers[0], args.concurrency)] + [(f"cache {args.cache_mb} MiB", servers[1], concurrency)
                                                                for concurrency in args.cached_concurrency]  # fmt: skip
         contenders = [Contender(name, server, concurrency, slices[index]) for index, (name, server, concurrency) in enumerate(plan)]
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cached-concurrency", type=lambda value: [int(part) for part in value.split(",")], default=[16, 32, 64],
                         help="closed loop: calls in flight to the server with the cache, one row each (comma-separated)")  # fmt: skip
     parser.add_argument("--repeat-fraction", type=float, default=0.8)
+    parser.add_argument("--server-flags", default="", help="more nmt-serve flags for both servers, e.g. '--worker-niceness 0'")
     parser.add_argument("--texts-per-call", default="1,4", help="workloads: sentences per call, comma-separated")
     parser.add_argument("--help-root", default=DEFAULT_HELP_ROOT, help="LibreOffice help pages (de/ and en-US/), the source of the texts")
     parser.add_argument("--seed", type=int, default=0)
