@@ -10,7 +10,7 @@ import pytest
 from nmt_serve.bench.balancer import NGINX
 from nmt_serve.bench.engine_bench import format_table, time_cells
 from nmt_serve.bench.open_loop import Arrival, Run, alone_latencies, drive, median_run, poisson_arrivals, run_open_loop, static_batch_end
-from nmt_serve.bench.report import write_report
+from nmt_serve.bench.report import describe_gpu, write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, TorchSystem
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.runtime.host import cpu_facts, describe_cpu
@@ -146,6 +146,21 @@ def test_load_report_runs_every_section_on_real_processes(tiny_model_dir: Path, 
     assert sigterm_row[4].strip() == "0" and sigterm_row[7].strip() == "0"  # nothing lost, exit code 0
 
 
+def test_load_report_times_the_precisions_asked_for_and_skips_sections_set_to_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from nmt_serve.bench.load_report import main as load_report_main
+    from nmt_serve.client.loadtest import SAMPLE_TEXTS
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "onnx-fp16").symlink_to(tiny_model_dir)  # the tiny fp32 dir stands in for it
+    out = tmp_path / "load.md"
+    assert load_report_main(["--model", str(model), "--precisions", "fp16", "--concurrency", "1", "--point-seconds", "0.3", "--overload-seconds", "0",
+                             "--soak-seconds", "0", "--sigterm-after", "0", "--texts", str(SAMPLE_TEXTS), "--out", str(out)]) == 0  # fmt: skip
+    report = out.read_text()
+    assert "| fp16 | 1 |" in report and "| fp32 |" not in report
+    assert not any(title in report for title in ("Overload", "SIGTERM under load", "Soak"))
+
+
 def test_burst_report_compares_refusals_with_the_bare_grpcio_floor(tiny_model_dir: Path, tmp_path: Path) -> None:
     from nmt_serve.bench.burst_report import main as burst_report_main
     from nmt_serve.client.loadtest import SAMPLE_TEXTS
@@ -227,6 +242,6 @@ def test_join_policy_table_has_a_row_per_wait_and_one_for_static(tiny_model_dir:
 def test_report_names_the_command_commit_and_cpu(tmp_path: Path) -> None:
     text = write_report("Title", "nmt-x", ["--flag", "a b"], ["section one", "section two"], tmp_path / "out.md")
     first = text.splitlines()[2]
-    assert first.startswith("Produced by `nmt-x --flag 'a b'` on ") and f"on {describe_cpu(cpu_facts())}." in first
+    assert first.startswith("Produced by `nmt-x --flag 'a b'` on ") and f"on {describe_cpu(cpu_facts())}{describe_gpu()}." in first
     assert re.search(r"at commit ([0-9a-f]{7,}(\+changes)?|unknown),", first)
     assert text.endswith("section one\n\nsection two\n") and (tmp_path / "out.md").read_text(encoding="utf-8") == text

@@ -51,3 +51,23 @@ def test_cache_report_row_divides_each_process_cpu_time_by_the_calls() -> None:
     cells = [cell.strip() for cell in contender.row().strip("|").split("|")]
     assert cells[:4] == ["cache 64 MiB", "2", "200", "100.0"]
     assert cells[9:] == ["2.50", "0.50", "100.0"]
+
+
+def test_cache_report_sets_apart_a_row_whose_new_sentences_ran_out() -> None:
+    """A row that repeated a larger share of its sentences than asked for (its slice of new texts used up) measured
+    another workload: the verdict names it and does not count it."""
+    from argparse import Namespace
+
+    from nmt_serve.bench.cache_report import workload_section
+
+    def contender(name: str, repeated: int, latency_s: float) -> Contender:
+        picker = TextPicker(["a"], random.Random(0), 0.8)
+        picker.picked, picker.repeated = 100, repeated
+        return Contender(name, server=None, concurrency=16, texts_path=Path("texts"), picker=picker,  # type: ignore[arg-type]
+                         outcomes=[Outcome("OK", latency_s, None, 3, 0.0)] * 100, seconds=1.0, rounds=[100.0])  # fmt: skip
+
+    args = Namespace(repeat_fraction=0.8, rounds=1, round_seconds=1.0)
+    fair = workload_section(args, 1, [contender("no cache", 80, 0.2), contender("cache 64 MiB", 81, 0.1)])
+    assert "the cache served 1.0x" in fair and "Not comparable" not in fair
+    strayed = workload_section(args, 1, [contender("no cache", 80, 0.2), contender("cache 64 MiB", 92, 0.1)])
+    assert "No cached run kept its p99" in strayed and "Not comparable: cache 64 MiB at concurrency 16 repeated 92%" in strayed
