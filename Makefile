@@ -55,11 +55,14 @@ stack-restart:
 stack-test:
 	$(PYTHON) -m pytest -m container tests/test_stack.py
 
-# On a machine with an NVIDIA GPU, after `make install` with onnxruntime-gpu: the tests marked gpu, then the engine
-# (fp32 and fp16; the fp16 dir is exported into artifacts/de-en-small/onnx-fp16 with its parity report) and the
-# server on CUDA, each result naming the GPU. CTranslate2's CUDA build is not a peer here (it needs CUDA 12 libraries).
+# On a machine with an NVIDIA GPU, after `make install` with onnxruntime-gpu: the tests marked gpu; the shipped fp32
+# dir's self-check on CUDA (against the CPU it was exported on) and a fresh fp32 export's parity with PyTorch there;
+# then the engine (fp32 and fp16; the fp16 dir is exported into artifacts/de-en-small/onnx-fp16 with its parity
+# report) and the server on CUDA, each result naming the GPU. CTranslate2's CUDA build is not a peer here (it needs CUDA 12 libraries).
 gpu-check:
 	$(PYTHON) -m pytest -m gpu -rs
+	nmt-parity artifacts/de-en-small/onnx-fp32
+	nmt-export artifacts/de-en-small --out $${TMPDIR:-/tmp}/nmt-gpu-check-fp32 --precision fp32
 	nmt-bench --models default,base --precisions fp32,fp16 --no-ct2 --torch-device cuda --batches 1,8,32,128 --threads 1 \
 		--open-loop-seconds 0 --metrics-cost-repeats 0 --out bench/results/engine-gpu.md
 	nmt-load-report --precisions fp32,fp16 --concurrency 1,8,32,128 --point-seconds 10 --overload-seconds 0 \
