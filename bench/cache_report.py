@@ -84,11 +84,16 @@ class Contender:
     def latency(self) -> dict[str, float]:
         return percentiles([outcome.latency_s for outcome in self.outcomes if outcome.code == "OK"])
 
+    @property
+    def repeat_share(self) -> float:
+        """The share of the texts sent that an earlier call had sent."""
+        picker = self.picker
+        return picker.repeated / picker.picked if picker is not None and picker.repeated is not None and picker.picked else 0.0
+
     def row(self) -> str:
-        latency, picker, calls = self.latency, self.picker, len(self.outcomes)
-        assert picker is not None
+        latency, calls = self.latency, len(self.outcomes)
         return (f"| {self.name} | {self.concurrency} | {calls} | {self.requests_per_s:.1f} | {latency['p50']:.3f} | {latency['p90']:.3f} "
-                f"| {latency['p99']:.3f} | {latency['max']:.3f} | {picker.repeated / picker.picked:.0%} | {1000 * self.server_cpu_s / calls:.2f} "
+                f"| {latency['p99']:.3f} | {latency['max']:.3f} | {self.repeat_share:.0%} | {1000 * self.server_cpu_s / calls:.2f} "
                 f"| {1000 * self.client_cpu_s / calls:.2f} | {', '.join(f'{rate:.1f}' for rate in self.rounds)} |")  # fmt: skip
 
 
@@ -116,22 +121,17 @@ def measure(args: argparse.Namespace, flags: list[str], slices: list[Path], work
 REPEAT_SHARE_TOLERANCE = 0.02
 
 
-def repeat_share(contender: Contender) -> float:
-    picker = contender.picker
-    return picker.repeated / picker.picked if picker is not None and picker.picked else 0.0
-
-
 def workload_section(args: argparse.Namespace, per_call: int, contenders: list[Contender]) -> str:
     uncached, cached = contenders[0], contenders[1:]
     bound = uncached.latency["p99"]
-    strayed = [contender for contender in contenders if abs(repeat_share(contender) - args.repeat_fraction) > REPEAT_SHARE_TOLERANCE]
+    strayed = [contender for contender in contenders if abs(contender.repeat_share - args.repeat_fraction) > REPEAT_SHARE_TOLERANCE]
     within = [contender for contender in cached if contender.latency["p99"] <= bound and contender not in strayed]
     best = max(within, key=lambda contender: contender.requests_per_s) if within else None
     verdict = (f"At a p99 no higher than without the cache ({bound:.3f} s), the cache served {best.requests_per_s / uncached.requests_per_s:.1f}x "
                f"the requests/s (concurrency {best.concurrency}: {best.requests_per_s:.1f} against {uncached.requests_per_s:.1f})."
                if best else f"No cached run kept its p99 within the uncached run's {bound:.3f} s.")  # fmt: skip
     if strayed:
-        verdict += "".join(f" Not comparable: {contender.name} at concurrency {contender.concurrency} repeated {repeat_share(contender):.0%} of its "
+        verdict += "".join(f" Not comparable: {contender.name} at concurrency {contender.concurrency} repeated {contender.repeat_share:.0%} of its "
                            f"sentences, not {args.repeat_fraction:.0%}: its slice of new sentences ran out (fewer or shorter rounds)."
                            for contender in strayed)  # fmt: skip
     return "\n".join([
