@@ -170,7 +170,7 @@ def check_host(model_dir: Path, reference: dict[str, Any], encode: Encode, cache
     batch_diff = None
     if reference.get("precision") in BATCH_INVARIANT_PRECISIONS:
         batch_diff = batch_difference(encode, cache, config, sources, targets, scores)
-    provider = cache.session.get_providers()[0]
+    provider = cache.provider
     result = SelfCheckResult(reference_path=str(Path(model_dir) / SELF_CHECK_FILE), sentences=len(sentences), tokens=sum(len(s["log_probs"]) for s in sentences), max_log_prob_diff=float(max(diffs)),
                              bound=float(reference["bound"]), reference_cpu=describe_cpu(reference.get("cpu", {})), cpu=describe_cpu(cpu_facts()),
                              batch_diff=batch_diff, batch_bound=0.0 if provider == "CPUExecutionProvider" else float(reference["bound"]),

@@ -101,7 +101,8 @@ class StepCache:
         # CUDA a kept binding would feed every later step the tokens, positions and past K/V of the step it was
         # made for (measured: log-probs off by up to 16 from PyTorch's, 0 of 100 sentences decoded alike), so
         # there every run binds afresh. Outputs bound in CPU memory are copied into it at the end of each run.
-        self.binds_every_run = session.get_providers()[0] != "CPUExecutionProvider"
+        self.provider = session.get_providers()[0]  # where the decoder runs (the self-check's batch rule reads it too)
+        self.binds_every_run = self.provider != "CPUExecutionProvider"
         self.reset()
 
     def clear(self) -> None:
