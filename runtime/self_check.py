@@ -40,6 +40,9 @@ MAX_REFERENCE_TOKENS = 48  # per sentence: enough to cover every layer's cache a
 # (whose exact products were reproduced through u8u8 kernels) moved it by 0.195: the bound of 0.05
 # lies between. fp16 runs on CUDA, whose kernels round unlike the exporting host's: 0.1, unmeasured.
 SELF_CHECK_BOUNDS = {"fp32": 1e-3, "int8": 0.05, "fp16": 0.1}
+# int8 schemes (export/optimize.py) with 8-bit signed weights: their products are exact only where the u8s8
+# kernel sums in 32-bit lanes (VNNI, AMX), which is what a failed self-check of such a dir most likely means.
+EIGHT_BIT_SIGNED_SCHEMES = ("u8s8", "u8s8-fp32-logits", "u8s8-rows-vnni")
 # Precisions whose log-probs must not depend on the batch: the reference sentences teacher-forced each
 # alone and all packed in one batch must agree bit for bit (int8 quantizes each row with its own scale,
 # and every source width is a multiple of runtime/step_cache.py SOURCE_WIDTH_MULTIPLE). fp16 runs on

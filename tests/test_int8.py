@@ -10,7 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_to_int8
+from nmt_serve.runtime.host import cpu_facts
 from nmt_serve.runtime.ort_step import make_session
+from nmt_serve.runtime.self_check import EIGHT_BIT_SIGNED_SCHEMES
 
 ROWS, DEPTH, COLUMNS = 8, 64, 16
 
@@ -53,7 +55,15 @@ def test_int8_per_tensor_scheme_matmul_is_exact_integer_arithmetic(tmp_path: Pat
     assert np.abs(y - x @ weight).max() <= 0.01 * np.abs(x @ weight).max()
 
 
-@pytest.mark.parametrize(("scheme", "weight_levels"), [("u8s8-rows", 64), ("u8u8-rows", 255)])
+# The CPUs whose u8s8 kernel sums u8 x s8 products in 32-bit lanes (ONNX Runtime's VNNI and AMX kernels).
+NON_SATURATING = {"avx512_vnni", "amx_int8"}
+VNNI_HOST = bool(NON_SATURATING & set(cpu_facts()["features"]))
+
+
+@pytest.mark.parametrize(("scheme", "weight_levels"), [
+    ("u8s8-rows", 64), ("u8u8-rows", 255),
+    pytest.param("u8s8-rows-vnni", 127, marks=pytest.mark.skipif(not VNNI_HOST, reason="8-bit u8s8 products saturate 16-bit lanes on a CPU without VNNI or AMX")),
+])  # fmt: skip
 def test_int8_row_schemes_quantize_each_row_on_its_own_grid_exactly(tmp_path: Path, scheme: str, weight_levels: int) -> None:
     """Per-row activations (u8s8-rows, the default, and u8u8-rows): a row whose largest |x| is 127 has scale 1, so
     integer activations are on its grid and the quantized product is an exact integer sum times the weight scales,
@@ -77,6 +87,31 @@ def test_int8_row_schemes_quantize_each_row_on_its_own_grid_exactly(tmp_path: Pa
     assert np.abs(alone - exact).max() <= 1e-6 * np.abs(exact).max()
     # Batched with rows of a thousand times the range, each of these rows' results is the same, bit for bit.
     assert np.array_equal(session.run(None, {"x": big})[0][:ROWS], alone)
+    assert np.array_equal(np.concatenate([session.run(None, {"x": x[row : row + 1]})[0] for row in range(ROWS)]), alone)
+
+
+@pytest.mark.parametrize("scheme", [scheme for scheme in INT8_SCHEMES if scheme not in ("w8-fp32", "w8a8-rows")])
+def test_int8_schemes_with_8_bit_signed_weights_are_the_ones_the_self_check_names(tmp_path: Path, scheme: str) -> None:
+    """The self-check's advice on a failed host names the schemes whose signed weights use all 8 bits: exactly those."""
+    rng = np.random.default_rng(3)
+    one_matmul_model(tmp_path / "fp32.onnx", rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", scheme)
+    quantized, _, zero_points = quantized_weight(tmp_path / "int8.onnx")
+    eight_bit_signed = quantized.dtype == np.int8 and np.abs(quantized.astype(np.int64) - zero_points).max() > 64
+    assert eight_bit_signed == (scheme in EIGHT_BIT_SIGNED_SCHEMES)
+
+
+def test_int8_vnni_scheme_is_batch_invariant_on_any_cpu(tmp_path: Path) -> None:
+    """u8s8-rows-vnni quantizes each row on its own, so a row's result is its own whatever the kernel (a saturating
+    one included: saturation depends on the row's own products): alone, batched with rows a thousand times larger,
+    or one row at a time, the bytes are the same."""
+    rng = np.random.default_rng(4)
+    one_matmul_model(tmp_path / "fp32.onnx", rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "u8s8-rows-vnni")
+    session = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"])
+    x = rng.normal(size=(ROWS, DEPTH)).astype(np.float32)
+    alone = session.run(None, {"x": x})[0]
+    assert np.array_equal(session.run(None, {"x": np.concatenate([x, 1000 * x])})[0][:ROWS], alone)
     assert np.array_equal(np.concatenate([session.run(None, {"x": x[row : row + 1]})[0] for row in range(ROWS)]), alone)
 
 

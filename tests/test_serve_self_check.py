@@ -82,3 +82,27 @@ def test_serve_self_check_off_and_missing_reference_are_not_checked(tiny_model_d
 def test_serve_self_check_mode_validated() -> None:
     with pytest.raises(ValueError, match="--self-check must be one of refuse, warn, off, got 'maybe'"):
         server_settings(Path("unused"), self_check="maybe").validate()
+
+
+def test_serve_refusing_an_eight_bit_signed_int8_dir_says_which_cpus_it_needs(tiny_checkpoint: Path, tmp_path: Path,
+                                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A u8s8-rows-vnni dir whose host differs beyond the int8 bound (as one without VNNI would, its 16-bit lanes
+    saturating): the refusal names the scheme, the CPUs it is exact on and the scheme to serve instead."""
+    from nmt_serve.export.onnx_export import main as export_main
+
+    exported = tmp_path / "onnx-int8-vnni"
+    assert export_main([str(tiny_checkpoint), "--out", str(exported), "--precision", "int8", "--int8-scheme", "u8s8-rows-vnni", "--no-parity"]) == 0
+    assert load_model_dir(exported).created_by["int8_scheme"] == "u8s8-rows-vnni"
+    doctored = shifted_copy(exported, tmp_path, 0.5)
+    with caplog.at_level(logging.ERROR):
+        assert serve_main([str(doctored), "--port", "0", "--metrics-port", "-1", "--threads", "1"]) == 1
+    assert "BEYOND the bound 0.05" in caplog.text
+    assert ("its int8 scheme u8s8-rows-vnni has 8-bit signed weights, exact only on CPUs with VNNI or AMX: serve an export made "
+            "with --int8-scheme u8s8-rows (7-bit weights, exact on every x86 CPU) here") in caplog.text
+
+
+def test_serve_refusing_a_seven_bit_int8_dir_gives_no_kernel_advice(int8_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    doctored = shifted_copy(int8_dir, tmp_path, 0.5)
+    with caplog.at_level(logging.ERROR):
+        assert serve_main([str(doctored), "--port", "0", "--metrics-port", "-1", "--threads", "1"]) == 1
+    assert "BEYOND the bound 0.05" in caplog.text and "8-bit signed weights" not in caplog.text
