@@ -218,14 +218,34 @@ def test_int8_blocked_row_quantization_gives_the_bytes_of_divide_then_quantize(t
     assert "Div" in {node.op_type for node in divided.graph.node} and "Div" not in {node.op_type for node in blocked.graph.node}
     rng = np.random.default_rng(0)
     rows = (rng.standard_normal((64, 1, width)) * rng.uniform(1e-3, 50.0, (64, 1, 1))).astype(np.float32)
-    rows[0] = 0.0  # an all-zero row takes the tiny scale
+    rows[0] = 0.0  # an all-zero row: scale 0, u8 values from 0 / 0 (a product multiplies them by 0), left out below
     rows[1] = np.clip(rows[1], -100.0, 100.0)
     rows[1, 0, :4] = [127.0, -127.0, 0.5, -0.5]  # row scale 1: 0.5 and -0.5 are ties, rounded half to even
     outputs = []
     for name, model in (("blocked", blocked), ("divided", divided)):
         onnx.save(model, tmp_path / f"{name}.onnx")
         outputs.append(make_session(tmp_path / f"{name}.onnx", threads=1).run(None, {"x": rows})[0])
-    assert np.array_equal(outputs[0], outputs[1])
+    assert np.array_equal(outputs[0][1:], outputs[1][1:])
+
+
+@pytest.mark.parametrize("scheme", ["u8s8-rows", "u8s8-rows-vnni", "u8u8-rows"])
+def test_int8_row_schemes_give_an_all_zero_row_a_zero_result(tmp_path: Path, scheme: str) -> None:
+    """A row of zeros has the row scale 0 (no floor): whatever its u8 values, its product is the integer sum times 0,
+    so 0 plus the bias exactly, as in fp32, next to rows of any size, and the other rows' bytes are those they get alone."""
+    rng = np.random.default_rng(5)
+    weight, bias = rng.normal(size=(DEPTH, COLUMNS)).astype(np.float32), rng.normal(size=COLUMNS).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["product"], name="matmul"), helper.make_node("Add", ["product", "bias"], ["y"], name="bias")],
+                              "matmul_bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", DEPTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", COLUMNS])],
+                              [numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(tmp_path / "fp32.onnx"))
+    convert_to_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", scheme)
+    session = make_session(tmp_path / "int8.onnx", ["CPUExecutionProvider"])
+    x = rng.normal(size=(ROWS, DEPTH)).astype(np.float32) * np.array([[1.0], [0.0], [1000.0], [0.0], [1e-3], [1.0], [0.0], [1.0]], np.float32)
+    y = session.run(None, {"x": x})[0]
+    assert np.isfinite(y).all()
+    assert np.array_equal(y[[1, 3, 6]], np.broadcast_to(bias, (3, COLUMNS)))
+    assert np.array_equal(np.concatenate([session.run(None, {"x": x[row : row + 1]})[0] for row in range(ROWS)]), y)
 
 
 @pytest.mark.parametrize("shape", [(64, DEPTH), (64, 1, DEPTH), (1, 1, DEPTH)])
