@@ -82,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=1000, help="calls per burst")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per server, taken in turn")
     parser.add_argument("--niceness", default="10", help="comma-separated nmt-serve --worker-niceness values, one server each")
-    parser.add_argument("--hold-shares", default="0.25,0",
+    parser.add_argument("--hold-shares", default="0.25",
                         help="comma-separated nmt-serve --burst-hold-share values, one server each (with each --niceness value)")
+    parser.add_argument("--burst-pauses", default="1,0",
+                        help="comma-separated nmt-serve --burst-pause values, one server each (with each --niceness and --hold-shares value)")
     parser.add_argument("--closed-concurrency", type=int, default=32, help="clients of each round's closed loop on the model servers")
     parser.add_argument("--closed-seconds", type=float, default=10.0, help="length of that closed loop (0: none)")
     parser.add_argument("--max-queued-requests", type=int, default=256, help="nmt-serve --max-queued-requests (its default: 256)")
@@ -103,10 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 ServerProcess(None, work, module="nmt_serve.bench.refusing_server")),
                       Contender("nmt-serve, every call refused for its token (UNAUTHENTICATED)",
                                 ServerProcess(args.model, work, *serve_flags, "--auth-token", TOKEN))]  # fmt: skip
-        contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {niceness}, --burst-hold-share {share}",
-                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", niceness, "--burst-hold-share", share),
+        contenders += [Contender(f"nmt-serve, model at work, --worker-niceness {niceness}, --burst-hold-share {share}, --burst-pause {pause}",
+                                 ServerProcess(args.model, work, *serve_flags, "--worker-niceness", niceness, "--burst-hold-share", share,
+                                               "--burst-pause", pause),
                                  at_work=True)
-                       for niceness in args.niceness.split(",") for share in args.hold_shares.split(",")]  # fmt: skip
+                       for niceness in args.niceness.split(",") for share in args.hold_shares.split(",") for pause in args.burst_pauses.split(",")]  # fmt: skip
         try:
             for round_index in range(args.rounds):
                 for contender in rotated(contenders, round_index):

@@ -51,6 +51,9 @@ class ServerSettings:
     # While calls arrive at burst rate and this share of max_queued_requests is taken, a newly admitted call waits for the
     # burst to end, holding its place, so that the burst's refusals go out first (server/api/burst_hold.py); 0 = never.
     burst_hold_share: float = 0.25
+    # 1 = from the moment a burst is seen until it is over (at most 0.5 s) the engines start no step, so the event loop
+    # refusing the burst has the interpreter to itself (server/api/burst_hold.py); 0 = the engines never pause.
+    burst_pause: int = 1
     max_rows: int = 0  # rows (beams included) in one decoder call, per engine; 0 = 32 on a CPU, 128 on a GPU (server/engine/workers.py)
     max_cache_tokens: int = 128 * 256  # rows x past length held as K/V, per engine
     # A busy batch takes newcomers once join_group are waiting or the oldest has waited join_wait_steps
@@ -121,6 +124,8 @@ class ServerSettings:
                 problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name):g}")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"--max-deadline-s must be at least --default-deadline-s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
+        if self.burst_pause not in (0, 1):
+            problems.append(f"--burst-pause must be 0 (off) or 1 (on), got {self.burst_pause}")
         if self.access_log not in (0, 1):
             problems.append(f"--access-log must be 0 (off) or 1 (on), got {self.access_log}")
         if self.self_check not in SELF_CHECK_MODES:
@@ -151,6 +156,8 @@ MEANINGS = {
     "burst_hold_share": "while calls arrive at burst rate (64 within 100 ms) and this share of --max-queued-requests is taken, a "
                         "newly admitted call waits for the burst to end (at most 0.5 s), holding its place, so that the burst's "
                         "refusals go out first; 0 = never",
+    "burst_pause": "1 = while calls arrive at burst rate the engines start no step (until the burst is over, at most 0.5 s, "
+                   "at most once a second), so the burst's refusals go out first; 0 = the engines never pause",
     "join_wait_steps": "a busy batch takes newcomers once join_group wait or the oldest waited this many steps; 0 = every step",
     "default_deadline_s": "applied when the client sets no deadline",
     "max_deadline_s": "the longest any call lives: longer client deadlines are cut to it, a request not arrived by then is DEADLINE_EXCEEDED",

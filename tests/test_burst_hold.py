@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import grpc
 import pytest
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
-from nmt_serve.server.api.burst_hold import BurstHold
+from nmt_serve.server.api.burst_hold import RUSH_CALLS, BurstHold
 from nmt_serve.server.settings import ServerSettings
 from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
 
@@ -224,3 +225,96 @@ def test_a_held_call_its_client_cancels_is_counted_once(tiny_model_dir: Path) ->
                                lambda found: total(found, "nmt_requests_total", method="Translate", code="CANCELLED") >= 1)
     assert total(samples, "nmt_requests_total", method="Translate", code="CANCELLED") == 1
     assert total(samples, "nmt_requests_total", method="Translate", code="OK") == 2
+
+
+def rush(hold: BurstHold) -> None:
+    """RUSH_CALLS calls at once: the start of a burst, as the engines' pause tells it."""
+    for _ in range(RUSH_CALLS):
+        hold.arrived()
+
+
+class PauseLog:
+    """The engines' pool as the hold sees it: when it was told to pause (and for how long) and to resume."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self.resumes: list[float] = []
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append((time.monotonic(), seconds))
+
+    def resume(self) -> None:
+        self.resumes.append(time.monotonic())
+
+
+def test_a_rush_of_calls_pauses_the_engines_until_the_burst_is_over() -> None:
+    """RUSH_CALLS calls at once pause the engines (a burst told after 16 calls, not 64); they resume once neither rate
+    holds, here after the last of the calls that keep arriving for a while, and within the longest hold."""
+    async def run() -> tuple[PauseLog, float]:
+        engines = PauseLog()
+        hold = BurstHold(Places(), threshold=64, engines=engines)  # the shipped rates and longest hold
+        for _ in range(RUSH_CALLS - 1):
+            hold.arrived()
+        assert engines.pauses == []  # one call short of a rush
+        hold.arrived()
+        assert len(engines.pauses) == 1 and engines.pauses[0][1] == hold.max_hold_s
+        last = await arrive_every(hold, 0.001, 100)  # a burst going on for about 0.1 s at 1,000 calls/s
+        while not engines.resumes:
+            await asyncio.sleep(0.01)
+        return engines, last
+
+    engines, last_arrival = asyncio.run(run())
+    assert len(engines.pauses) == 1  # the calls arriving during the pause start no other
+    assert last_arrival < engines.resumes[0] < engines.pauses[0][0] + 0.5 + 0.1
+
+
+def pauses_under(traffic: Callable[[BurstHold], Awaitable[None]], max_hold_s: float) -> PauseLog:
+    """What a hold with the shipped rates told the engines while `traffic` arrived."""
+    engines = PauseLog()
+    asyncio.run(traffic(BurstHold(Places(), threshold=64, max_hold_s=max_hold_s, engines=engines)))
+    return engines
+
+
+def test_the_engines_pause_at_most_once_per_twice_the_longest_hold() -> None:
+    """Bursts in quick succession, or a flood that goes on, leave the engines stepping at least half of the time."""
+    async def rushes(hold: BurstHold) -> None:
+        for _ in range(3):  # three rushes 0.1 s apart: one pause
+            rush(hold)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.35)
+        rush(hold)  # 0.2 x 2 after the first: another
+        await asyncio.sleep(0.1)
+
+    assert len(pauses_under(rushes, max_hold_s=0.2).pauses) == 2
+
+
+def test_a_flood_pauses_the_engines_once_at_its_start() -> None:
+    """A flood that goes on past twice the longest hold pauses the engines once: later on it began too long ago."""
+    async def flood(hold: BurstHold) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.45:  # 0.45 s of calls at burst rate, past 2 x 0.1 s twice over
+            rush(hold)
+            await asyncio.sleep(0.005)
+
+    assert len(pauses_under(flood, max_hold_s=0.1).pauses) == 1
+
+
+def test_draining_resumes_paused_engines_at_once() -> None:
+    async def rush_then_drain(hold: BurstHold) -> None:
+        rush(hold)
+        hold.release()  # what the drain does
+
+    engines = pauses_under(rush_then_drain, max_hold_s=0.5)
+    assert len(engines.pauses) == 1 and len(engines.resumes) >= 1 and engines.resumes[0] >= engines.pauses[0][0]
+
+
+@pytest.mark.parametrize("burst_pause", [1, 0])
+def test_the_server_pauses_its_own_engines_only_with_burst_pause_on(tiny_model_dir: Path, burst_pause: int) -> None:
+    with RunningServer(server_settings(tiny_model_dir, burst_pause=burst_pause)) as server:
+        engines = server.server.burst_hold.engines
+        assert (engines is server.server.scheduler.pool) if burst_pause else engines is None
+
+
+def test_settings_refuse_a_burst_pause_other_than_zero_or_one() -> None:
+    with pytest.raises(ValueError, match="--burst-pause must be 0 .off. or 1 .on., got 2"):
+        ServerSettings(burst_pause=2).validate()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -48,3 +50,49 @@ def test_workers_step_engines_at_the_configured_niceness(niceness: int) -> None:
 
 def test_the_server_default_lowers_the_workers() -> None:
     assert ServerSettings().worker_niceness == DEFAULT_WORKER_NICENESS > 0
+
+
+class CountsSteps:
+    """An engine that always has work; each step takes 1 ms and is counted."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    @property
+    def has_work(self) -> bool:
+        return True
+
+    def step(self) -> None:
+        time.sleep(0.001)
+        self.steps += 1
+
+
+def test_a_paused_pool_starts_no_step_until_the_pause_ends_or_it_is_resumed() -> None:
+    engine = CountsSteps()
+    pool = EnginePool(1, 0)
+    pool.add([engine])
+    pool.start()
+    try:
+        assert wait_until(lambda: engine.steps > 0)
+        pool.pause(30.0)
+        time.sleep(0.05)  # a step running when the pause began may finish
+        paused_at = engine.steps
+        time.sleep(0.2)
+        assert engine.steps == paused_at  # no step started while paused
+        pool.resume()
+        assert wait_until(lambda: engine.steps > paused_at)  # at once, long before the 30 s are up
+        pool.pause(0.1)
+        time.sleep(0.05)
+        paused_at = engine.steps
+        assert wait_until(lambda: engine.steps > paused_at)  # a pause ends by itself
+    finally:
+        pool.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

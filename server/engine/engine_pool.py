@@ -14,6 +14,12 @@ of 0.859 s (median of 7 bursts); with the workers at niceness 10, 0.613 s, at th
 (308.7 against 312.6 requests/s with 32 clients).
 Linux applies niceness per thread; it covers the ONNX Runtime calls a worker makes on its own thread (one intra-op
 thread, the CPU default up to 4 cores), not the pool threads of sessions given more.
+
+Why the workers can be paused (pause/resume, server/api/burst_hold.py): niceness gives the loop the cores, not the
+interpreter; a worker's Python between its ONNX Runtime calls (search, cache moves, bookkeeping) holds the GIL the
+loop needs. Under a burst of 1,000 calls, refusals came back at 2.27x-2.47x the bare grpcio floor's p99 with the
+workers stepping the calls admitted first, and at 1.24x with the engines not stepping during the burst (same
+interleaved run design, AMD EPYC with AVX-512 VNNI; nmt-burst-report).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class EnginePool:
         self._condition = threading.Condition()
         self._stopping = False
         self._threads: list[threading.Thread] = []
+        self._paused_until = 0.0  # monotonic time before which no worker starts a step
 
     def add(self, engines: Sequence[Steppable]) -> None:
         """One model's engines; the pool takes them in turn with every other model's."""
@@ -87,6 +94,17 @@ class EnginePool:
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def pause(self, seconds: float) -> None:
+        """No worker starts a step for `seconds` or until resume(); steps already running finish. From any thread."""
+        with self._condition:
+            self._paused_until = time.monotonic() + seconds
+
+    def resume(self) -> None:
+        """Workers take steps again now."""
+        with self._condition:
+            self._paused_until = 0.0
+            self._condition.notify_all()
 
     def wake(self) -> None:
         """New work: one idle worker looks for it."""
@@ -114,8 +132,11 @@ class EnginePool:
         while True:
             with self._condition:
                 engine = None
-                while not self._stopping and (engine := self._take()) is None:
-                    self._condition.wait(IDLE_WAIT_S)
+                while not self._stopping:
+                    paused_s = self._paused_until - time.monotonic()
+                    if paused_s <= 0 and (engine := self._take()) is not None:
+                        break
+                    self._condition.wait(paused_s if paused_s > 0 else IDLE_WAIT_S)
                 if self._stopping:
                     if engine is not None:
                         self._busy.discard(id(engine))
