@@ -7,10 +7,11 @@ arrive at burst rate (BURST_CALLS within BURST_WINDOW_S) and a quarter of the qu
 holds its place and waits until the rate falls below that (or MAX_HOLD_S has passed, or the drain calls release()),
 then goes on as usual. Under steady load, whatever the queue holds, no call waits.
 
-From the moment a burst is seen (RUSH_CALLS within RUSH_WINDOW_S) the engines do not start steps either (Pausable, server/engine/engine_pool.py): their
-Python between ONNX Runtime calls holds the GIL the event loop needs to refuse. A pause lasts until the burst is over,
-at most MAX_HOLD_S; only a burst that began less than MAX_HOLD_S ago starts one, and at most once per twice that, so
-a flood that goes on, or bursts in quick succession, leave the engines stepping at least half of the time.
+From the moment a burst is seen (RUSH_CALLS within RUSH_WINDOW_S) the engines start no step either (Pausable,
+server/engine/engine_pool.py): their Python between ONNX Runtime calls holds the GIL the event loop needs to refuse.
+A pause lasts until the burst is over, at most MAX_HOLD_S; only a burst that began less than MAX_HOLD_S ago starts
+one, and at most once per twice that, so a flood that goes on, or bursts in quick succession, leave the engines
+stepping at least half of the time.
 
 A burst is told by rate, not by a pause: a burst's calls reach the handlers in waves with gaps of 2-45 ms between
 them, so a hold that ended at the first 2 ms without a call ended a dozen times per burst and bought nothing
@@ -34,14 +35,15 @@ logger = logging.getLogger(__name__)
 # model (400-430 requests/s, 32 clients); a burst of 1,000 reaches the handlers at 2,500-6,000 calls/s.
 BURST_CALLS = 64
 BURST_WINDOW_S = 0.1
-# A burst's start, as the engines' pause sees it: this many calls within RUSH_WINDOW_S (also 640 calls/s), told after 16
-# calls instead of 64. Refusal p99 with the engines paused from the 16th call: 1.41x and 1.60x the floor in two runs,
-# from the 64th: 1.63x and 1.67x. Steady load trips it too (about once a second at 64 clients), at no measured cost:
-# the pause ends as soon as neither rate holds (interleaved, 3 rounds each: closed loop of 64 clients 460.8-564.0
-# against 463.5-545.5 requests/s, p99 0.241-0.291 s against 0.249-0.288 s; open loop at 350/s p99 0.102-0.136 s
-# against 0.081-0.141 s, with and without the pause).
+# A burst's start, as the engines' pause sees it: this many calls within RUSH_WINDOW_S (1,600 calls/s; a burst of 1,000
+# reaches the handlers at 2,500-6,000 calls/s), told after 16 calls instead of 64. The engines paused from the 64th call
+# left refusal p99 at 1.63x-1.67x the floor, from the 16th 1.41x-1.60x (16 within 25 ms). Steady load trips it too
+# (a batch's clients all answered at once send their next calls together), but then the pause ends within about
+# RUSH_WINDOW_S: 16 within 25 ms cost some 3% of closed-loop requests/s; 16 within 10 ms none measurable (interleaved,
+# 5 rounds: 32 clients 480.1 against 463.9 requests/s, 64 clients 512.8 against 522.7, p99 0.139 against 0.143 s and
+# 0.259 against 0.256 s, with and without the pause).
 RUSH_CALLS = 16
-RUSH_WINDOW_S = 0.025
+RUSH_WINDOW_S = 0.01
 # The longest an admitted call waits, however long the burst goes on.
 MAX_HOLD_S = 0.5
 
@@ -67,7 +69,7 @@ class Pausable(Protocol):
 
 class BurstHold:
     """`threshold`: places taken from which an admitted call may wait (0: never). arrived() is told of every call that
-    asks for a place, admitted or refused. `engines`, when given, pause while calls are held."""
+    asks for a place, admitted or refused. `engines`, when given, start no step from a burst's start until it is over."""
 
     def __init__(self, scheduler: Places, threshold: int, burst_calls: int = BURST_CALLS, window_s: float = BURST_WINDOW_S,
                  max_hold_s: float = MAX_HOLD_S, engines: Pausable | None = None) -> None:  # fmt: skip
