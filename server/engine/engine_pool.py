@@ -17,9 +17,9 @@ thread, the CPU default up to 4 cores), not the pool threads of sessions given m
 
 Why the workers can be paused (pause/resume, server/api/burst_hold.py): niceness gives the loop the cores, not the
 interpreter; a worker's Python between its ONNX Runtime calls (search, cache moves, bookkeeping) holds the GIL the
-loop needs. Under a burst of 1,000 calls, refusals came back at 2.27x-2.47x the bare grpcio floor's p99 with the
-workers stepping the calls admitted first, and at 1.24x with the engines not stepping during the burst (same
-interleaved run design, AMD EPYC with AVX-512 VNNI; nmt-burst-report).
+loop needs. Under a burst of 1,000 calls, refusals came back at 2.29x the bare grpcio floor's p99 with the workers
+stepping the calls admitted first, and at 1.39x with the workers paused for the burst (one interleaved run, AMD EPYC
+with AVX-512 VNNI; nmt-burst-report, bench/results/burst.md).
 """
 
 from __future__ import annotations
