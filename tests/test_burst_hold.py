@@ -15,7 +15,7 @@ import pytest
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.server.api.burst_hold import RUSH_CALLS, BurstHold
 from nmt_serve.server.settings import ServerSettings
-from tests.serving import RunningServer, held_engines, scrape_until, server_settings, total, wait_for
+from tests.serving import RunningServer, held_engines, scrape, scrape_until, server_settings, total, wait_for
 
 
 class Places:
@@ -324,3 +324,25 @@ def test_the_server_pauses_its_own_engines_only_with_burst_pause_on(tiny_model_d
 def test_settings_refuse_a_burst_pause_other_than_zero_or_one() -> None:
     with pytest.raises(ValueError, match="--burst-pause must be 0 .off. or 1 .on., got 2"):
         ServerSettings(burst_pause=2).validate()
+
+
+@pytest.mark.parametrize("burst_pause", [1, 0])
+def test_a_real_burst_pauses_the_engines_once_and_counts_it(tiny_model_dir: Path, burst_pause: int) -> None:
+    """200 calls at once against a queue of 8: a burst by either rate (64 within 100 ms at the least), so the engines
+    pause once (at most once a second, only at the burst's start) and nmt_burst_engine_pauses_total says so; with
+    --burst-pause 0 it stays 0. Every call is answered, OK or refused."""
+    settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_pause=burst_pause)
+    with RunningServer(settings) as server:
+        channel, stub = server.stub()
+        with channel:
+            calls = [stub.Translate.future(REQUEST, timeout=60) for _ in range(200)]
+            codes = []
+            for call in calls:
+                try:
+                    call.result()
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as error:
+                    codes.append(error.code())
+        pauses = total(scrape(server.server.metrics_port), "nmt_burst_engine_pauses_total")
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED} and grpc.StatusCode.OK in codes
+    assert (pauses >= 1) if burst_pause else pauses == 0

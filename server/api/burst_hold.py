@@ -27,6 +27,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 logger = logging.getLogger(__name__)
@@ -72,12 +73,13 @@ class BurstHold:
     asks for a place, admitted or refused. `engines`, when given, start no step from a burst's start until it is over."""
 
     def __init__(self, scheduler: Places, threshold: int, burst_calls: int = BURST_CALLS, window_s: float = BURST_WINDOW_S,
-                 max_hold_s: float = MAX_HOLD_S, engines: Pausable | None = None) -> None:  # fmt: skip
+                 max_hold_s: float = MAX_HOLD_S, engines: Pausable | None = None, on_pause: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.scheduler = scheduler
         self.threshold = threshold
         self.window_s = window_s
         self.max_hold_s = max_hold_s
         self.engines = engines
+        self.on_pause = on_pause  # told of each pause of the engines (metrics)
         self.held = 0  # calls waiting now
         self._burst_started: float | None = None  # monotonic time the burst going on now was first seen
         self._last_pause = -float("inf")  # monotonic time the engines were last paused
@@ -102,6 +104,8 @@ class BurstHold:
             self._last_pause = now
             self.engines.pause(self.max_hold_s)
             logger.debug("a burst: the engines start no step until it is over (at most %g s)", self.max_hold_s)
+            if self.on_pause is not None:
+                self.on_pause()
             if self._over is None:
                 self._watch()  # resumes them once the burst is over
 

@@ -98,6 +98,9 @@ class Metrics:
         # Not per model: the drain stops the whole server under them.
         self.cut_off = Counter("nmt_cut_off_calls", "Calls still running when the SIGTERM grace period ended; the server stopped under them.",
                                registry=registry)  # fmt: skip
+        # Not per model: the pool's workers step every model's engines.
+        self.burst_pauses = Counter("nmt_burst_engine_pauses", "Times the engines started no step for a burst of arrivals "
+                                    "(--burst-pause), each until the burst was over, at most 0.5 s.", registry=registry)  # fmt: skip
         self.http_unparsed = Counter("nmt_http_unparsed_requests", "HTTP requests aiohttp could not parse, answered 400 before any route "
                                      "(their method and path are unknown).", registry=registry)  # fmt: skip
         self.engine_failures = Counter("nmt_engine_failures", "ONNX Runtime calls that failed (their requests got INTERNAL).", model,
