@@ -124,10 +124,9 @@ class ServerSettings:
                 problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name):g}")
         if self.max_deadline_s < self.default_deadline_s:
             problems.append(f"--max-deadline-s must be at least --default-deadline-s ({self.default_deadline_s:g}), got {self.max_deadline_s:g}")
-        if self.burst_pause not in (0, 1):
-            problems.append(f"--burst-pause must be 0 (off) or 1 (on), got {self.burst_pause}")
-        if self.access_log not in (0, 1):
-            problems.append(f"--access-log must be 0 (off) or 1 (on), got {self.access_log}")
+        for name in ("burst_pause", "access_log"):  # on/off switches
+            if getattr(self, name) not in (0, 1):
+                problems.append(f"{flag_name(name)} must be 0 (off) or 1 (on), got {getattr(self, name)}")
         if self.self_check not in SELF_CHECK_MODES:
             problems.append(f"--self-check must be one of {', '.join(SELF_CHECK_MODES)}, got {self.self_check!r}")
         if self.log_level.upper() not in LOG_LEVELS:
