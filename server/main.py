@@ -78,7 +78,8 @@ class Server:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.arrivals = ArrivalClock()
-        self.burst_hold = BurstHold(self.scheduler, math.ceil(settings.burst_hold_share * settings.max_queued_requests), engines=self.scheduler.pool if settings.burst_pause else None, on_pause=self.metrics.burst_pauses.inc)
+        self.burst_hold = BurstHold(self.scheduler, math.ceil(settings.burst_hold_share * settings.max_queued_requests),
+                                    engines=self.scheduler.pool if settings.burst_pause else None, on_pause=self.metrics.burst_pauses.inc)
         self.admission = EarlyAdmission(self.scheduler, QUEUED_METHODS, self.metrics, max_hold_s=DRAIN_QUIET_MAX_S + 1,
                                         burst_hold=self.burst_hold)
 

@@ -49,6 +49,11 @@ RUSH_WINDOW_S = 0.01
 MAX_HOLD_S = 0.5
 
 
+def all_within(arrivals: collections.deque[float], window_s: float, now: float | None) -> bool:
+    """Whether `arrivals` is full and its oldest is under `window_s` old at `now` (default: the clock)."""
+    return len(arrivals) == arrivals.maxlen and (time.monotonic() if now is None else now) - arrivals[0] < window_s
+
+
 class Places(Protocol):
     """What the hold needs of the scheduler (server/engine/all_schedulers.py)."""
 
@@ -93,7 +98,7 @@ class BurstHold:
         now = time.monotonic()
         self._arrivals.append(now)
         self._recent.append(now)
-        if not (self.in_burst() or self.rushing()):
+        if not (self.in_burst(now) or self.rushing(now)):
             self._burst_started = None
             return
         if self._burst_started is None:
@@ -109,15 +114,13 @@ class BurstHold:
             if self._over is None:
                 self._watch()  # resumes them once the burst is over
 
-    def in_burst(self) -> bool:
+    def in_burst(self, now: float | None = None) -> bool:
         """Whether the last `burst_calls` calls all arrived within `window_s` of now."""
-        arrivals = self._arrivals
-        return len(arrivals) == arrivals.maxlen and time.monotonic() - arrivals[0] < self.window_s
+        return all_within(self._arrivals, self.window_s, now)
 
-    def rushing(self) -> bool:
+    def rushing(self, now: float | None = None) -> bool:
         """Whether the last RUSH_CALLS calls all arrived within RUSH_WINDOW_S of now: a burst told early."""
-        recent = self._recent
-        return len(recent) == recent.maxlen and time.monotonic() - recent[0] < RUSH_WINDOW_S
+        return all_within(self._recent, RUSH_WINDOW_S, now)
 
     def applies(self) -> bool:
         """Whether a call admitted now waits."""
