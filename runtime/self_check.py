@@ -24,6 +24,7 @@ from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.model.search import SearchOptions, generate
 from nmt_serve.runtime.host import cpu_facts, describe_cpu
+from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class SelfCheckResult:
     # contract); the precision's bound on a device (CUDA's GEMMs pick their algorithm by the batch's shape).
     batch_bound: float = 0.0
     provider: str = "CPUExecutionProvider"
+    # The dir's int8 scheme (manifest created_by), for what a failure most likely means (kernel_advice).
+    int8_scheme: str | None = None
 
     @property
     def batch_invariant(self) -> bool:
@@ -84,7 +87,16 @@ class SelfCheckResult:
             else f"; alone and packed: differ by up to {self.batch_diff:.2e}, within {self.batch_bound:g} on {self.provider}"
             if self.batch_diff <= self.batch_bound else f"; alone and packed: DIFFER by up to {self.batch_diff:.2e}")
         return (f"{self.reference_path}: max |log-prob diff| {self.max_log_prob_diff:.2e} over {self.tokens} tokens of {self.sentences} "
-                f"sentences, {verdict} the bound {self.bound:g}{batch}; exported on {self.reference_cpu}, checked on {self.cpu}")  # fmt: skip
+                f"sentences, {verdict} the bound {self.bound:g}{batch}; exported on {self.reference_cpu}, checked on {self.cpu}"
+                f"{'' if self.passed else kernel_advice(self.int8_scheme)}")  # fmt: skip
+
+
+def kernel_advice(int8_scheme: str | None) -> str:
+    """What a failed self-check most likely means for a dir whose int8 weights need VNNI or AMX, else ''."""
+    if int8_scheme not in EIGHT_BIT_SIGNED_SCHEMES:
+        return ""
+    return (f"; its int8 scheme {int8_scheme} has 8-bit signed weights, exact only on CPUs with VNNI or AMX: "
+            f"serve an export made with --int8-scheme u8s8-rows (7-bit weights, exact on every x86 CPU) here")
 
 
 class SelfCheckError(ValueError):
@@ -177,7 +189,8 @@ def check_host(model_dir: Path, reference: dict[str, Any], encode: Encode, cache
     result = SelfCheckResult(reference_path=str(Path(model_dir) / SELF_CHECK_FILE), sentences=len(sentences), tokens=sum(len(s["log_probs"]) for s in sentences), max_log_prob_diff=float(max(diffs)),
                              bound=float(reference["bound"]), reference_cpu=describe_cpu(reference.get("cpu", {})), cpu=describe_cpu(cpu_facts()),
                              batch_diff=batch_diff, batch_bound=0.0 if provider == "CPUExecutionProvider" else float(reference["bound"]),
-                             provider=provider)  # fmt: skip
+                             provider=provider, int8_scheme=load_model_dir(model_dir, verify_hashes=False).created_by.get("int8_scheme")
+                             if reference.get("precision") == "int8" else None)  # fmt: skip
     (logger.info if result.passed else logger.error)("self-check: %s", result.describe())
     return result
 

@@ -84,8 +84,8 @@ def test_serve_self_check_mode_validated() -> None:
         server_settings(Path("unused"), self_check="maybe").validate()
 
 
-def test_serve_refusing_an_eight_bit_signed_int8_dir_says_which_cpus_it_needs(tiny_checkpoint: Path, tmp_path: Path,
-                                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_serve_refusing_an_eight_bit_signed_int8_dir_says_which_cpus_it_needs(tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """A u8s8-rows-vnni dir whose host differs beyond the int8 bound (as one without VNNI would, its 16-bit lanes
     saturating): the refusal names the scheme, the CPUs it is exact on and the scheme to serve instead."""
     from nmt_serve.export.onnx_export import main as export_main
@@ -97,8 +97,15 @@ def test_serve_refusing_an_eight_bit_signed_int8_dir_says_which_cpus_it_needs(ti
     with caplog.at_level(logging.ERROR):
         assert serve_main([str(doctored), "--port", "0", "--metrics-port", "-1", "--threads", "1"]) == 1
     assert "BEYOND the bound 0.05" in caplog.text
-    assert ("its int8 scheme u8s8-rows-vnni has 8-bit signed weights, exact only on CPUs with VNNI or AMX: serve an export made "
-            "with --int8-scheme u8s8-rows (7-bit weights, exact on every x86 CPU) here") in caplog.text
+    advice = ("its int8 scheme u8s8-rows-vnni has 8-bit signed weights, exact only on CPUs with VNNI or AMX: serve an export made "
+              "with --int8-scheme u8s8-rows (7-bit weights, exact on every x86 CPU) here")
+    assert advice in caplog.text
+    # The same line from the check by hand (nmt-parity MODEL_DIR), which reads the same result.
+    from nmt_serve.export.parity_command import main as parity_main
+
+    capsys.readouterr()
+    assert parity_main([str(doctored)]) == 1
+    assert advice in capsys.readouterr().out
 
 
 def test_serve_refusing_a_seven_bit_int8_dir_gives_no_kernel_advice(int8_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -6,8 +6,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from nmt_serve.runtime.manifest import Manifest, load_model_dir
-from nmt_serve.runtime.self_check import EIGHT_BIT_SIGNED_SCHEMES
+from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.server.engine.all_schedulers import Schedulers
 from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.engine_pool import EnginePool
@@ -47,18 +46,9 @@ def check_this_host(runtime: Runtime, mode: str, metrics: ModelMetrics) -> None:
         return
     metrics.checked_host(result.max_log_prob_diff, result.bound)
     if not result.passed and mode == "refuse":
-        raise HostCheckRefused(f"{result.describe()}{kernel_advice(runtime.manifest)} (--self-check warn serves anyway)")
+        raise HostCheckRefused(f"{result.describe()} (--self-check warn serves anyway)")
     if not result.passed:
         logger.warning("serving although the self-check failed (--self-check warn)")
-
-
-def kernel_advice(manifest: Manifest) -> str:
-    """What a failed self-check most likely means for a dir whose int8 weights need VNNI or AMX, else ''."""
-    scheme = manifest.created_by.get("int8_scheme")
-    if manifest.precision != "int8" or scheme not in EIGHT_BIT_SIGNED_SCHEMES:
-        return ""
-    return (f"; its int8 scheme {scheme} has 8-bit signed weights, exact only on CPUs with VNNI or AMX: "
-            f"serve an export made with --int8-scheme u8s8-rows (7-bit weights, exact on every x86 CPU) here")
 
 
 def read_names(model_dirs: Sequence[Path]) -> dict[str, Path]:
