@@ -22,9 +22,43 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = OnnxModel(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True))
+    keep_in_fp32(model.model, FP32_OPS_IN_FP16)
     # The converter appends input casts after their users; onnx.checker wants topological order.
     model.topological_sort()
     onnx.save(model.model, str(target))
+
+
+# The decoder's self-attention over the per-row cache stays fp32 in an fp16 graph. ONNX Runtime's CUDA
+# GroupQueryAttention (fp16 only) parted from the CPU within four steps on an H100 when rows sat at different
+# positions with the cache bound in host memory (log-prob differences 0.016, 0.65, 2.65, 3.66, and different
+# on a second run of the same feeds); the same node in fp32 gave 0.016 at every step. CUDA has no fp32
+# kernel for it, so ONNX Runtime runs it on the CPU provider, as it does in an fp32 graph.
+FP32_OPS_IN_FP16 = {"GroupQueryAttention": (0, 1, 2, 3, 4)}  # op -> its float inputs (query, key, value, past K, past V)
+
+
+def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int, ...]]) -> None:
+    """Run the nodes of these ops in fp32 inside an fp16 graph: Cast their float inputs up and every output down.
+
+    Only ops whose outputs are all of their float inputs' type qualify (GroupQueryAttention: output, present K and V).
+    """
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    for node in nodes:
+        float_inputs = float_inputs_by_op.get(node.op_type)
+        if float_inputs is None:
+            model.graph.node.append(node)
+            continue
+        for index in float_inputs:
+            name = node.input[index] if index < len(node.input) else ""
+            if name:  # an omitted optional input stays omitted
+                model.graph.node.append(onnx.helper.make_node("Cast", [name], [f"{name}.fp32_in"], f"{node.name}.cast_in{index}", to=onnx.TensorProto.FLOAT))
+                node.input[index] = f"{name}.fp32_in"
+        outputs = list(node.output)
+        for index, name in enumerate(outputs):
+            node.output[index] = f"{name}.fp32_out"
+        model.graph.node.append(node)
+        for index, name in enumerate(outputs):
+            model.graph.node.append(onnx.helper.make_node("Cast", [f"{name}.fp32_out"], [name], f"{node.name}.cast_out{index}", to=onnx.TensorProto.FLOAT16))
 
 
 INT8_SCHEMES = ("u8s8-rows", "u8s8-rows-vnni", "u8u8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")

@@ -258,6 +258,27 @@ def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) ->
     assert 0.0 <= search["greedy"]["identical_ratio"] <= 1.0
 
 
+def test_fp16_export_keeps_the_cached_self_attention_in_fp32(variant_dir: Path) -> None:
+    """ONNX Runtime's fp16 CUDA GroupQueryAttention parted from the CPU over a host-bound cache (export/optimize.py):
+    in an fp16 dir every such node reads fp32 (Casts up) and every output is cast back down."""
+    if load_model_dir(variant_dir).precision != "fp16":
+        pytest.skip("fp16 dirs only")
+    graph = onnx.load(str(variant_dir / "decoder.onnx")).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    attention = [node for node in graph.node if node.op_type == "GroupQueryAttention"]
+    assert attention
+    for node in attention:
+        for name in (node.input[0], node.input[3], node.input[4]):  # packed QKV, past K, past V
+            cast = producers[name]
+            assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT, (node.name, name)
+        for name in node.output:
+            assert [(c.op_type, c.attribute[0].i) for c in consumers[name]] == [("Cast", onnx.TensorProto.FLOAT16)], (node.name, name)
+
+
 def copy_dir(source: Path, tmp_path: Path) -> Path:
     target = tmp_path / "model"
     shutil.copytree(source, target)
