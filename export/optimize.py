@@ -28,7 +28,7 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     onnx.save(model.model, str(target))
 
 
-# The decoder's self-attention over the per-row cache stays fp32 in an fp16 graph. ONNX Runtime's CUDA
+# The decoder's self-attention over the per-row cache, and the cache itself, stay fp32 in an fp16 graph. ONNX Runtime's CUDA
 # GroupQueryAttention (fp16 only) parted from the CPU within four steps on an H100 when rows sat at different
 # positions with the cache bound in host memory (log-prob differences 0.016, 0.65, 2.65, 3.66, and different
 # on a second run of the same feeds); the same node in fp32 gave 0.016 at every step. CUDA has no fp32
@@ -40,25 +40,61 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
     """Run the nodes of these ops in fp32 inside an fp16 graph: Cast their float inputs up and every output down.
 
     Only ops whose outputs are all of their float inputs' type qualify (GroupQueryAttention: output, present K and V).
+    An input that is an fp32 graph input cast down by the converter is read as it came, and an output the converter
+    casts back up into a graph output is written there directly: the cache in and out stays fp32, with no
+    fp16 round trip (and on CUDA no device copy of it, the node running on the CPU provider).
     """
-    nodes = list(model.graph.node)
-    del model.graph.node[:]
+    graph = model.graph
+    fp32_graph_inputs = {value.name for value in graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    graph_outputs = {value.name for value in graph.output}
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def is_cast(node: onnx.NodeProto | None, to: int) -> bool:
+        return node is not None and node.op_type == "Cast" and node.attribute[0].i == to
+
+    def output_cast_up(name: str) -> onnx.NodeProto | None:
+        """The converter's Cast that alone reads `name` and writes a graph output, if that is what reads it."""
+        users = consumers.get(name, [])
+        return users[0] if len(users) == 1 and is_cast(users[0], onnx.TensorProto.FLOAT) and users[0].output[0] in graph_outputs else None
+
+    nodes = list(graph.node)
+    bypassed = {id(cast) for node in nodes if node.op_type in float_inputs_by_op for cast in map(output_cast_up, node.output) if cast}
+    del graph.node[:]
     for node in nodes:
+        if id(node) in bypassed:
+            continue
         float_inputs = float_inputs_by_op.get(node.op_type)
         if float_inputs is None:
-            model.graph.node.append(node)
+            graph.node.append(node)
             continue
         for index in float_inputs:
             name = node.input[index] if index < len(node.input) else ""
-            if name:  # an omitted optional input stays omitted
-                model.graph.node.append(onnx.helper.make_node("Cast", [name], [f"{name}.fp32_in"], f"{node.name}.cast_in{index}", to=onnx.TensorProto.FLOAT))
-                node.input[index] = f"{name}.fp32_in"
-        outputs = list(node.output)
-        for index, name in enumerate(outputs):
+            if not name:  # an omitted optional input stays omitted
+                continue
+            down = producers.get(name)
+            if is_cast(down, onnx.TensorProto.FLOAT16) and down.input[0] in fp32_graph_inputs:
+                node.input[index] = down.input[0]
+                continue
+            graph.node.append(onnx.helper.make_node("Cast", [name], [f"{name}.fp32_in"], f"{node.name}.cast_in{index}", to=onnx.TensorProto.FLOAT))
+            node.input[index] = f"{name}.fp32_in"
+        casts_down = []
+        for index, name in enumerate(list(node.output)):
+            cast_up = output_cast_up(name)
+            if cast_up is not None:
+                node.output[index] = cast_up.output[0]
+                continue
             node.output[index] = f"{name}.fp32_out"
-        model.graph.node.append(node)
-        for index, name in enumerate(outputs):
-            model.graph.node.append(onnx.helper.make_node("Cast", [f"{name}.fp32_out"], [name], f"{node.name}.cast_out{index}", to=onnx.TensorProto.FLOAT16))
+            casts_down.append(onnx.helper.make_node("Cast", [f"{name}.fp32_out"], [name], f"{node.name}.cast_out{index}", to=onnx.TensorProto.FLOAT16))
+        graph.node.extend([node, *casts_down])
+    # The converter's input Casts that nothing reads any more.
+    read = {name for node in graph.node for name in node.input} | graph_outputs
+    kept = [node for node in graph.node if any(out in read for out in node.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 INT8_SCHEMES = ("u8s8-rows", "u8s8-rows-vnni", "u8u8-rows", "u8s8-reduce-range", "u8u8", "u8s8", "u8s8-fp32-logits", "w8-fp32", "w8a8-rows")
