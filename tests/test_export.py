@@ -258,12 +258,12 @@ def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) ->
     assert 0.0 <= search["greedy"]["identical_ratio"] <= 1.0
 
 
+@pytest.mark.parametrize("variant_dir", ["fp16"], indirect=True)
 def test_fp16_export_keeps_the_cached_self_attention_in_fp32(variant_dir: Path) -> None:
     """ONNX Runtime's fp16 CUDA GroupQueryAttention parted from the CPU over a host-bound cache (export/optimize.py):
     in an fp16 dir every such node reads its query cast up to fp32 and the fp32 cache inputs as they come, writes the
     fp32 cache outputs directly, and its attention output is cast back down."""
-    if load_model_dir(variant_dir).precision != "fp16":
-        pytest.skip("fp16 dirs only")
+    assert load_model_dir(variant_dir).precision == "fp16"
     graph = onnx.load(str(variant_dir / "decoder.onnx")).graph
     producers = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}

@@ -77,6 +77,8 @@ def test_cuda_self_check_passes(cuda_runtime: Runtime) -> None:
 
 
 def test_fp16_export_on_cuda_is_within_its_bound(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
+    """fp16 rounding (11-bit mantissas): the default model's fp16 dir was 2.26e-2 from PyTorch on an H100, the tiny
+    model's within 0.1 there and 5e-3 on CPUs; with ONNX Runtime's fp16 CUDA self-attention it was 2.30 (export/optimize.py)."""
     out = tmp_path / "onnx-fp16"
     assert export_main([str(tiny_checkpoint), "--out", str(out), "--precision", "fp16", "--parity-test", str(tiny_corpus["test"])]) == 0
     manifest = load_model_dir(out)
