@@ -54,7 +54,7 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
             consumers.setdefault(name, []).append(node)
 
     def is_cast(node: onnx.NodeProto | None, to: int) -> bool:
-        return node is not None and node.op_type == "Cast" and node.attribute[0].i == to
+        return node is not None and node.op_type == "Cast" and onnx.helper.get_node_attr_value(node, "to") == to
 
     def output_cast_up(name: str) -> onnx.NodeProto | None:
         """The converter's Cast that alone reads `name` and writes a graph output, if that is what reads it."""
@@ -92,7 +92,7 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
         graph.node.extend([node, *casts_down])
     # The converter's input Casts that nothing reads any more.
     read = {name for node in graph.node for name in node.input} | graph_outputs
-    kept = [node for node in graph.node if any(out in read for out in node.output)]
+    kept = [node for node in graph.node if node.op_type != "Cast" or any(out in read for out in node.output)]
     del graph.node[:]
     graph.node.extend(kept)
 
