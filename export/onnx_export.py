@@ -22,6 +22,7 @@ import onnxruntime
 import torch
 
 from nmt_serve.export.decoder_graph import build_decoder_graph
+from nmt_serve.export.exact_halves import store_file_exact_halves
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
@@ -81,10 +82,12 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int
                 export(model, fp32_dir / name, opset)
                 timings[f"export_{name}"] = round(time.perf_counter() - started, 2)
         for name in (ENCODER_FILE, DECODER_FILE):
-            if precision != "fp32":
-                started = time.perf_counter()
+            started = time.perf_counter()
+            if precision == "fp32":
+                store_file_exact_halves(out / name)  # after the other precisions read the plain fp32 graphs
+            else:
                 convert_precision(fp32_dir / name, out / name, precision, int8_scheme)
-                timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
+            timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
             onnx.checker.check_model(str(out / name))
     return timings
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from nmt_serve.export.exact_halves import expand_exact_halves
 from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,9 @@ def convert_to_fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = OnnxModel(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True))
+    fp32 = onnx.load(str(source))
+    expand_exact_halves(fp32)  # the converter wants the weights as float32 initializers
+    model = OnnxModel(convert_float_to_float16(fp32, keep_io_types=True))
     keep_in_fp32(model.model, FP32_OPS_IN_FP16)
     # The converter appends input casts after their users; onnx.checker wants topological order.
     model.topological_sort()
@@ -151,6 +154,11 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         raise ValueError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got {scheme!r}")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
+        if not has_external_data(source):
+            fp32 = onnx.load(str(source))
+            if expand_exact_halves(fp32):  # quantization finds weights only as float32 initializers
+                source = Path(tmp) / "float32.onnx"
+                onnx.save(fp32, str(source))
         # The pre-processing folds the tied output projection (a Transpose of the embedding) into a second copy of
         # it, so its models can be twice the source: past protobuf's 2 GB (NLLB-200 600M's 1 GB embedding) they
         # must keep their weights in a file beside them, or the folding fails quietly and every int8 step

@@ -1,10 +1,12 @@
-"""The shipped Multi30k model: its int8 dir verifies, passes this host's self-check, records its parity, and serves
-beside the default model."""
+"""The shipped Multi30k model: its fp32 and int8 dirs verify, pass this host's self-check, record their parity, and
+the int8 one serves beside the default model."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from nmt_serve.protos.nmt.translation.v1 import translation_pb2 as pb
 from nmt_serve.runtime.manifest import load_model_dir
@@ -15,19 +17,23 @@ from tests.serving import RunningServer, server_settings
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT / "artifacts" / "de-en-multi30k"
 INT8 = CHECKPOINT / "onnx-int8"
+MODEL_DIRS = {"fp32": CHECKPOINT / "onnx-fp32", "int8": INT8}
 DEFAULT_INT8 = ROOT / "artifacts" / "de-en-small" / "onnx-int8"
 
 
-def test_multi30k_int8_dir_verifies_and_passes_the_self_check_here() -> None:
-    manifest = load_model_dir(INT8)  # every file's sha256 against the manifest
-    assert (manifest.model_name, manifest.precision) == ("de-en-multi30k", "int8")
-    step = OrtStep(INT8)
-    result = check_model_dir(INT8, step.encode, step.cache, step.config)
+@pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
+def test_multi30k_dir_verifies_and_passes_the_self_check_here(precision: str) -> None:
+    model_dir = MODEL_DIRS[precision]
+    manifest = load_model_dir(model_dir)  # every file's sha256 against the manifest
+    assert (manifest.model_name, manifest.precision) == ("de-en-multi30k", precision)
+    step = OrtStep(model_dir)
+    result = check_model_dir(model_dir, step.encode, step.cache, step.config)
     assert result is not None and result.passed and result.batch_diff == 0.0
 
 
-def test_multi30k_records_its_parity_and_credits_its_data() -> None:
-    parity = load_model_dir(INT8).parity
+@pytest.mark.parametrize("precision", sorted(MODEL_DIRS))
+def test_multi30k_records_its_parity_and_credits_its_data(precision: str) -> None:
+    parity = load_model_dir(MODEL_DIRS[precision]).parity
     assert parity["test"].endswith("multi30k-test_2016_flickr.tsv") and parity["search"]["beam4"]["sentences"] == 1000
     record = json.loads((CHECKPOINT / "train.json").read_text())
     assert "Multi30K" in record["credits"]["multi30k"] and record["legs"]
