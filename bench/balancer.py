@@ -19,10 +19,21 @@ ROOT = Path(__file__).resolve().parent.parent
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A loopback port free now that this process has not handed out before: the kernel can give a port just
+    closed to the next bind, and two servers of one stack (a balancer's health and HTTP listeners, say) would then
+    be set up on the same port."""
+    for _ in range(1000):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port left that this process has not handed out")
 
 
 # Where the HTTP upstream points when no replica's HTTP port is given: the discard port, closed on loopback, so the

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from nmt_serve.bench.balancer import free_port
 from nmt_serve.client.http_caller import TRANSPORT_CODES, HttpCallError
 from nmt_serve.client.loadtest import SAMPLE_TEXTS
 from nmt_serve.client.loadtest import main as loadtest_main
@@ -28,12 +29,6 @@ from tests.serving import NO_OPENSSL, RunningServer, held_engines, scrape_until,
 
 GERMAN = ["Ich sehe den Hund.", "Wir mag Kaffee heute."]
 LONG = {"min_output_tokens": 90, "max_output_tokens": 90}  # keeps a request in the batch for 90 steps
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def http_settings(model_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
