@@ -84,7 +84,7 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int
         for name in (ENCODER_FILE, DECODER_FILE):
             started = time.perf_counter()
             if precision == "fp32":
-                store_file_exact_halves(out / name)  # after the other precisions read the plain fp32 graphs
+                store_file_exact_halves(out / name)  # an fp32 dir only: the int8 and fp16 conversions read plain float32
             else:
                 convert_precision(fp32_dir / name, out / name, precision, int8_scheme)
             timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
