@@ -74,7 +74,7 @@ def expand_exact_halves(model: onnx.ModelProto) -> bool:
     initializer it makes), for tools that read weights as initializers (quantization, the fp16 converter).
     Returns whether anything changed."""
     graph = model.graph
-    halves = {initializer.name: index for index, initializer in enumerate(graph.initializer) if initializer.data_type == onnx.TensorProto.FLOAT16}
+    halves = {init.name: index for index, init in enumerate(graph.initializer) if init.data_type == onnx.TensorProto.FLOAT16}
     expanded = []
     for node in graph.node:
         if (node.op_type == "Cast" and len(node.input) == 1 and node.input[0] in halves

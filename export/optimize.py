@@ -39,6 +39,10 @@ def convert_to_fp16(source: Path, target: Path) -> None:
 FP32_OPS_IN_FP16 = {"GroupQueryAttention": (0, 1, 2, 3, 4)}  # op -> its float inputs (query, key, value, past K, past V)
 
 
+def cast_node(source: str, target: str, name: str, to: int) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [source], [target], name, to=to)
+
+
 def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int, ...]]) -> None:
     """Run the nodes of these ops in fp32 inside an fp16 graph: Cast their float inputs up and every output down.
 
@@ -82,7 +86,7 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
             if is_cast(down, onnx.TensorProto.FLOAT16) and down.input[0] in fp32_graph_inputs:
                 node.input[index] = down.input[0]
                 continue
-            graph.node.append(onnx.helper.make_node("Cast", [name], [f"{name}.fp32_in"], f"{node.name}.cast_in{index}", to=onnx.TensorProto.FLOAT))
+            graph.node.append(cast_node(name, f"{name}.fp32_in", f"{node.name}.cast_in{index}", onnx.TensorProto.FLOAT))
             node.input[index] = f"{name}.fp32_in"
         casts_down = []
         for index, name in enumerate(list(node.output)):
@@ -91,7 +95,7 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
                 node.output[index] = cast_up.output[0]
                 continue
             node.output[index] = f"{name}.fp32_out"
-            casts_down.append(onnx.helper.make_node("Cast", [f"{name}.fp32_out"], [name], f"{node.name}.cast_out{index}", to=onnx.TensorProto.FLOAT16))
+            casts_down.append(cast_node(f"{name}.fp32_out", name, f"{node.name}.cast_out{index}", onnx.TensorProto.FLOAT16))
         graph.node.extend([node, *casts_down])
     # The converter's input Casts that nothing reads any more.
     read = {name for node in graph.node for name in node.input} | graph_outputs
