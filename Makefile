@@ -58,7 +58,8 @@ stack-test:
 # On a machine with an NVIDIA GPU, after `make install` with onnxruntime-gpu: the tests marked gpu; the shipped fp32
 # dir's self-check on CUDA (against the CPU it was exported on) and a fresh fp32 export's parity with PyTorch there;
 # then the engine (fp32 and fp16; the fp16 dir is exported into artifacts/de-en-small/onnx-fp16 with its parity
-# report) and the server on CUDA, each result naming the GPU. CTranslate2's CUDA build is not a peer here (it needs CUDA 12 libraries).
+# report) and the server on CUDA, each result naming the GPU; last, the decoder step node by node on CUDA (the fp32
+# self-attention runs on the CPU provider there: how much of a step it and its copies take). CTranslate2's CUDA build is not a peer here (it needs CUDA 12 libraries).
 gpu-check:
 	$(PYTHON) -m pytest -m gpu -rs
 	nmt-parity artifacts/de-en-small/onnx-fp32
@@ -67,3 +68,4 @@ gpu-check:
 		--open-loop-seconds 0 --metrics-cost-repeats 0 --out bench/results/engine-gpu.md
 	nmt-load-report --precisions fp32,fp16 --concurrency 1,8,32,128 --point-seconds 10 --overload-seconds 0 \
 		--sigterm-after 0 --soak-seconds 0 --out bench/results/load-gpu.md
+	nmt-step-profile --model-dir artifacts/de-en-small/onnx-fp32 --batches 1,8,32,128 --out bench/results/step-profile-gpu.md
