@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +55,16 @@ def store_exact_halves(model: onnx.ModelProto) -> int:
     return saved
 
 
+def has_external_weights(model: onnx.ModelProto) -> bool:
+    """Whether `model` (loaded with or without its external data) keeps any initializer in an external data file."""
+    return any(uses_external_data(tensor) for tensor in model.graph.initializer)
+
+
 def store_file_exact_halves(path: Path) -> int:
     """store_exact_halves on the ONNX file at `path`, rewritten in place; returns the bytes saved. A model that keeps
     its weights in an external data file (past protobuf's 2 GB) is left as it is."""
-    from onnx.external_data_helper import uses_external_data
-
     model = onnx.load(str(path), load_external_data=False)
-    if any(uses_external_data(tensor) for tensor in model.graph.initializer):
+    if has_external_weights(model):
         return 0
     saved = store_exact_halves(model)
     if saved:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from nmt_serve.export.exact_halves import expand_exact_halves
+from nmt_serve.export.exact_halves import expand_exact_halves, has_external_weights
 from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 
 logger = logging.getLogger(__name__)
@@ -158,17 +158,17 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
         raise ValueError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}, got {scheme!r}")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
-        if not has_external_data(source):
-            fp32 = onnx.load(str(source))
-            if expand_exact_halves(fp32):  # quantization finds weights only as float32 initializers
-                source = Path(tmp) / "float32.onnx"
-                onnx.save(fp32, str(source))
+        fp32 = onnx.load(str(source), load_external_data=False)  # read once: for external data and for halves
+        external = has_external_weights(fp32)
+        if not external and expand_exact_halves(fp32):  # quantization finds weights only as float32 initializers
+            source = Path(tmp) / "float32.onnx"
+            onnx.save(fp32, str(source))
         # The pre-processing folds the tied output projection (a Transpose of the embedding) into a second copy of
         # it, so its models can be twice the source: past protobuf's 2 GB (NLLB-200 600M's 1 GB embedding) they
         # must keep their weights in a file beside them, or the folding fails quietly and every int8 step
         # dequantizes and transposes the whole embedding (3.2x slower there). A source with external data
         # (NLLB-200 600M's fp32 encoder) needs it too, or the pre-processing cannot read its own output back.
-        large = has_external_data(source) or 2 * source.stat().st_size >= PROTOBUF_LIMIT
+        large = external or 2 * source.stat().st_size >= PROTOBUF_LIMIT
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, save_as_external_data=large, all_tensors_to_one_file=True)
         op_types = ["MatMul", "Gemm", "Gather"]
         if scheme in ("w8-fp32", "w8a8-rows"):
@@ -184,13 +184,6 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
             model = onnx.load(str(target))
             quantize_rows(model, known_shapes(onnx.load(str(prepared), load_external_data=False)))
             onnx.save(model, str(target))
-
-
-def has_external_data(path: Path) -> bool:
-    """Whether the ONNX file at `path` keeps any initializer in an external data file."""
-    from onnx.external_data_helper import uses_external_data
-
-    return any(uses_external_data(tensor) for tensor in onnx.load(str(path), load_external_data=False).graph.initializer)
 
 
 def quantize_weights_blockwise(source: Path, target: Path, block_size: int = 32, accuracy_level: int | None = None) -> None:
