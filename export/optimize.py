@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from nmt_serve.export.exact_halves import expand_exact_halves, has_external_weights
+from nmt_serve.export.graph_links import readers, writers
 from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 
 logger = logging.getLogger(__name__)
@@ -54,11 +55,7 @@ def keep_in_fp32(model: onnx.ModelProto, float_inputs_by_op: dict[str, tuple[int
     graph = model.graph
     fp32_graph_inputs = {value.name for value in graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
     graph_outputs = {value.name for value in graph.output}
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = writers(graph), readers(graph)
 
     def is_cast(node: onnx.NodeProto | None, to: int) -> bool:
         return node is not None and node.op_type == "Cast" and onnx.helper.get_node_attr_value(node, "to") == to

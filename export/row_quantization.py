@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from nmt_serve.export.graph_links import readers, writers
+
 logger = logging.getLogger(__name__)
 
 # The unsigned activation a row is quantized to is round(x / scale) + 128, scale = max|x| / 127 over the row:
@@ -125,11 +127,7 @@ def fuse_products(graph: onnx.GraphProto, row_scales: dict[str, str]) -> None:
     so the bytes are the same (tests/test_int8.py) for one kernel per product: with the shared zero points of
     quantize_rows, 1.02-1.07x the default model's int8 tokens/s against a Mul after each product, on an AVX-512
     VNNI core. The fused products take no bias input: the kernel would add it before that multiplication."""
-    producers = {output: node for node in graph.node for output in node.output}
-    users: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            users.setdefault(name, []).append(node)
+    producers, users = writers(graph), readers(graph)
     dropped: set[int] = set()
     fused: dict[int, onnx.NodeProto] = {}
     for node in graph.node:

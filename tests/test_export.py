@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from nmt_serve.export.decoder_graph import ACTIVATION_WRITERS, write_activation
+from nmt_serve.export.graph_links import readers, writers
 from nmt_serve.export.graph_writer import GraphWriter
 from nmt_serve.export.onnx_export import main as export_main
 from nmt_serve.export.parity import run_parity
@@ -265,11 +266,7 @@ def test_fp16_export_keeps_the_cached_self_attention_in_fp32(variant_dir: Path) 
     fp32 cache outputs directly, and its attention output is cast back down."""
     assert load_model_dir(variant_dir).precision == "fp16"
     graph = onnx.load(str(variant_dir / "decoder.onnx")).graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = writers(graph), readers(graph)
     attention = [node for node in graph.node if node.op_type == "GroupQueryAttention"]
     assert attention
     fp32_inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
