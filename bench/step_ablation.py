@@ -1,0 +1,282 @@
+"""nmt-step-ablation: what each part of the decoder step really costs, measured by taking it out of the graph.
+
+ONNX Runtime's profiler lengthens every kernel by a roughly fixed amount (nmt-step-profile), so its shares overstate
+the many small nodes and understate what a kernel loses to the step around it: an attention kernel that runs in 38 us
+on a warm cache in a loop of its own can take four times that inside the step, where the weights and activations of
+the other nodes have pushed its K/V out of the cache. Here the decoder call is timed without the profiler, as the
+engine makes it (IO binding, each present K/V bound to its past's memory), once as exported and once per variant
+with one part removed; the difference is what that part costs in place. The variants compute nothing useful: they
+are timing instruments, never served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from nmt_serve.model.extras import require_extra
+
+require_extra("nmt-step-ablation", "dev", ("torch", "onnx"))
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from nmt_serve.bench.engine_bench import sample_sources
+from nmt_serve.bench.report import rotated, write_report
+from nmt_serve.model.config import ModelConfig
+from nmt_serve.runtime.manifest import load_model_dir
+from nmt_serve.runtime.ort_step import make_session
+from nmt_serve.runtime.step_cache import INITIAL_LENGTH, source_width
+
+logger = logging.getLogger(__name__)
+
+SELF_ATTENTION = "GroupQueryAttention"
+CROSS_ATTENTION = "MultiHeadAttention"
+AS_EXPORTED = "as exported"
+TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many calls, short enough to interleave often
+# A variant's name and what it takes out, in the report's column order.
+VARIANTS = {
+    "self-attention": "each cached self-attention node's output is its query; the cache is neither read nor written",
+    "cross-attention": "each cross-attention node's output is its query; the encoder's K/V are not read",
+    "all attention": "both of the above",
+    "row-scale Abs and Mul": "int8: each per-row activation scale is the row's max instead of max|x| / 127 (two of its three nodes)",
+    "log-softmax": "the logits leave the graph as they are",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    rows: int
+    position: int  # every row's position: tokens already in its self-attention cache
+
+
+def bypassed_attention(model: onnx.ModelProto, op_type: str, config: ModelConfig) -> None:
+    """Every `op_type` node replaced by its query: the first d_model channels of a packed Q/K/V (a Slice), the query
+    itself otherwise; a self-attention node's present K/V outputs leave the graph with it."""
+    graph = model.graph
+    dropped_outputs: set[str] = set()
+    nodes: list[onnx.NodeProto] = []
+    if op_type == SELF_ATTENTION:
+        bounds = {"ablation.start": 0, "ablation.end": config.d_model, "ablation.axis": 2}
+        graph.initializer.extend(numpy_helper.from_array(np.array([value], dtype=np.int64), name) for name, value in bounds.items())
+    for node in graph.node:
+        if node.op_type != op_type:
+            nodes.append(node)
+        elif op_type == SELF_ATTENTION:
+            query = [node.input[0], "ablation.start", "ablation.end", "ablation.axis"]
+            nodes.append(helper.make_node("Slice", query, [node.output[0]], node.name))
+            dropped_outputs.update(node.output[1:])
+        else:
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]], node.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [output for output in graph.output if output.name not in dropped_outputs]
+    del graph.output[:]
+    graph.output.extend(kept)
+
+
+def bypassed_scale_nodes(model: onnx.ModelProto, _config: ModelConfig) -> None:
+    """Each per-row scale max|x| / 127 becomes max(x): the Abs and the Mul of every row quantization go."""
+    nodes = model.graph.node
+    replaced = {node.output[0]: node.input[0] for node in nodes if node.name.endswith((".row.abs", ".row.scale"))}
+    kept = [node for node in nodes if node.output[0] not in replaced]
+    for node in kept:
+        for index, name in enumerate(node.input):
+            while name in replaced:
+                name = replaced[name]
+            node.input[index] = name
+    del nodes[:]
+    nodes.extend(kept)
+
+
+def bypassed_log_softmax(model: onnx.ModelProto, _config: ModelConfig) -> None:
+    for node in model.graph.node:
+        if node.op_type == "LogSoftmax":
+            node.op_type = "Identity"
+            del node.attribute[:]
+
+
+def bypassed_self_attention(model: onnx.ModelProto, config: ModelConfig) -> None:
+    bypassed_attention(model, SELF_ATTENTION, config)
+
+
+def bypassed_cross_attention(model: onnx.ModelProto, config: ModelConfig) -> None:
+    bypassed_attention(model, CROSS_ATTENTION, config)
+
+
+def bypassed_all_attention(model: onnx.ModelProto, config: ModelConfig) -> None:
+    bypassed_attention(model, SELF_ATTENTION, config)
+    bypassed_attention(model, CROSS_ATTENTION, config)
+
+
+VARIANT_EDITS: dict[str, Callable[[onnx.ModelProto, ModelConfig], None]] = {
+    "self-attention": bypassed_self_attention,
+    "cross-attention": bypassed_cross_attention,
+    "all attention": bypassed_all_attention,
+    "row-scale Abs and Mul": bypassed_scale_nodes,
+    "log-softmax": bypassed_log_softmax,
+}
+
+
+def variant_models(decoder: Path, config: ModelConfig) -> dict[str, onnx.ModelProto]:
+    """The decoder as exported and every variant that changes it (a fp32 graph has no row scales to remove)."""
+    original = onnx.load(str(decoder))
+    models = {AS_EXPORTED: original}
+    for name, edit in VARIANT_EDITS.items():
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
+        edit(model, config)
+        if [node.SerializeToString() for node in model.graph.node] != [node.SerializeToString() for node in original.graph.node]:
+            models[name] = model
+    return models
+
+
+class BoundDecoder:
+    """One decoder session with every input and output bound as the engine binds them, for one Setting."""
+
+    def __init__(self, session: ort.InferenceSession, config: ModelConfig, setting: Setting, source_lengths: Sequence[int],
+                 seed: int = 0) -> None:  # fmt: skip
+        rows, position = setting.rows, setting.position
+        rng = np.random.default_rng(seed)
+        heads, head_dim = config.n_heads, config.d_model // config.n_heads
+        lengths = np.array([source_lengths[row % len(source_lengths)] for row in range(rows)])
+        width = source_width(int(lengths.max()))
+        capacity = INITIAL_LENGTH  # the engine's cache capacity: doubled until a row's next token fits
+        while capacity < position + 1:
+            capacity *= 2
+        self.inputs: dict[str, np.ndarray] = {}  # the bound memory (inputs here, outputs below): it must outlive the binding
+        self._outputs: list[np.ndarray] = []
+        self.session, self.binding = session, session.io_binding()
+        self.log_probs = np.zeros((rows, config.vocab_size), dtype=np.float32)
+        outputs = {output.name for output in session.get_outputs()}
+        feeds = {
+            "tgt_ids": rng.integers(4, config.vocab_size, (rows, 1)),
+            "positions": np.full(rows, position, dtype=np.int64),
+            "src_mask": np.arange(width)[None] < lengths[:, None],
+            "source_queries": np.arange(rows, dtype=np.int64)[:, None],
+            "row_queries": np.arange(rows, dtype=np.int64),
+            "candidate_rows": np.zeros(0, dtype=np.int64),
+            "candidate_count": np.ones(1, dtype=np.int64),
+        }
+        for spec in session.get_inputs():
+            if spec.name.startswith("past_"):
+                cache = (rng.standard_normal((rows, heads, capacity, head_dim)) * 0.5).astype(np.float32)
+                self._bind(spec.name, cache)
+                present = spec.name.replace("past_", "present_", 1)
+                if present in outputs:
+                    self._bind(present, cache, output=True)
+            elif spec.name.startswith("cross_"):
+                self._bind(spec.name, (rng.standard_normal((rows, heads, width, head_dim)) * 0.5).astype(np.float32))
+            else:
+                self._bind(spec.name, np.ascontiguousarray(feeds[spec.name]))
+        self._bind("log_probs", self.log_probs, output=True)
+        for name in ("candidate_log_probs", "candidate_ids"):
+            self.binding.bind_output(name, "cpu")
+
+    def _bind(self, name: str, array: np.ndarray, output: bool = False) -> None:
+        if output:
+            self._outputs.append(array)
+        else:
+            self.inputs[name] = array
+        bind_to = self.binding.bind_output if output else self.binding.bind_input
+        bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
+
+    def calls_per_timing(self, seconds: float = TIMING_SECONDS) -> int:
+        """How many calls take about `seconds` (at least 3), from one untimed and one timed call."""
+        self.session.run_with_iobinding(self.binding)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(self.binding)
+        return max(3, int(seconds / max(time.perf_counter() - start, 1e-6)))
+
+    def time_calls(self, calls: int) -> float:
+        """Seconds per call over `calls` calls, after two untimed ones."""
+        for _ in range(2):
+            self.session.run_with_iobinding(self.binding)
+        start = time.perf_counter()
+        for _ in range(calls):
+            self.session.run_with_iobinding(self.binding)
+        return (time.perf_counter() - start) / calls
+
+
+def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int, threads: int,
+           work: Path) -> dict[Setting, dict[str, float]]:  # fmt: skip
+    """Median seconds per decoder call of every variant in every setting, the variants interleaved in rotated order."""
+    manifest = load_model_dir(model_dir, verify_hashes=False)
+    config = manifest.config
+    sessions: dict[str, ort.InferenceSession] = {}
+    for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), config).items()):
+        path = work / f"{model_dir.name}-variant{index}.onnx"
+        onnx.save(model, str(path))
+        sessions[name] = make_session(path, ["CPUExecutionProvider"], threads)
+    results: dict[Setting, dict[str, float]] = {}
+    for setting in settings:
+        bound = {name: BoundDecoder(session, config, setting, source_lengths) for name, session in sessions.items()}
+        calls = bound[AS_EXPORTED].calls_per_timing()
+        times: dict[str, list[float]] = {name: [] for name in bound}
+        for round_index in range(rounds):
+            for name in rotated(list(bound), round_index):
+                times[name].append(bound[name].time_calls(calls))
+        results[setting] = {name: statistics.median(values) for name, values in times.items()}
+        shown = {name: f"{1e6 * value:.0f} us" for name, value in results[setting].items()}
+        logger.info("%s rows %d: %s", model_dir.name, setting.rows, shown)
+    return results
+
+
+def format_table(label: str, results: dict[Setting, dict[str, float]]) -> str:
+    variants = [name for name in VARIANTS if any(name in by_variant for by_variant in results.values())]
+    lines = [f"### {label}", "", "| rows | position | decoder call (us) | " + " | ".join(f"without {name}" for name in variants) + " |",
+             "|---|---|---|" + "---|" * len(variants)]  # fmt: skip
+    for setting, by_variant in results.items():
+        whole = by_variant[AS_EXPORTED]
+        cells = [f"{1e6 * (whole - by_variant[name]):.0f} us ({100 * (whole - by_variant[name]) / whole:.0f}%)" for name in variants]
+        lines.append(f"| {setting.rows} | {setting.position} | {1e6 * whole:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def legend() -> str:
+    removed = "\n".join(f"- without {name}: {what}" for name, what in VARIANTS.items())
+    return ("The decoder call as the engine makes it (every row at the same position, its source lengths taken in turn from "
+            "the sampled test sentences, the cross K/V as wide as the engine pads them), timed without the profiler; each "
+            "other column is what the call got faster by (time and share of the whole) when one part was taken out:\n\n" + removed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt-step-ablation", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
+    parser.add_argument("--model-dir", type=Path, action="append", help="a model dir (repeatable; default: the shipped int8 and fp32 dirs)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"), help="its tokenizer encodes the sampled sources")
+    parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source lengths sampled from it (random without)")
+    parser.add_argument("--rows", default="1,8,32,128", help="comma-separated row counts")
+    parser.add_argument("--positions", default="16", help="comma-separated positions (tokens already cached per row)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds; the median is reported")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/step-ablation.md"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    model_dirs = args.model_dir or [args.checkpoint / "onnx-int8", args.checkpoint / "onnx-fp32"]
+    config = load_model_dir(model_dirs[0], verify_hashes=False).config
+    source_lengths = [len(ids) + 1 for ids in sample_sources(args.test, 32, config.vocab_size, args.checkpoint)]  # + EOS
+    settings = [Setting(int(rows), int(position)) for rows in args.rows.split(",") for position in args.positions.split(",")]
+    with tempfile.TemporaryDirectory() as work:
+        tables = [format_table(f"{model_dir.parent.name}/{model_dir.name}",
+                               ablate(model_dir, settings, source_lengths, args.rounds, args.threads, Path(work)))
+                  for model_dir in model_dirs]  # fmt: skip
+    write_report("Decoder step ablation", "nmt-step-ablation", argv, [legend(), *tables], args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

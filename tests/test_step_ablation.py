@@ -1,0 +1,85 @@
+"""nmt-step-ablation: decoder variants with one part taken out, bound as the engine binds the decoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from nmt_serve.bench.step_ablation import (AS_EXPORTED, CROSS_ATTENTION, SELF_ATTENTION, VARIANTS, BoundDecoder, Setting, main,
+                                           variant_models)  # fmt: skip
+from nmt_serve.runtime.manifest import load_model_dir
+from nmt_serve.runtime.ort_step import make_session
+
+
+def op_types(model: onnx.ModelProto) -> set[str]:
+    return {node.op_type for node in model.graph.node}
+
+
+def bound_variants(model_dir: Path, tmp_path: Path, setting: Setting) -> dict[str, BoundDecoder]:
+    manifest = load_model_dir(model_dir)
+    bound = {}
+    for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), manifest.config).items()):
+        path = tmp_path / f"variant{index}.onnx"
+        onnx.save(model, str(path))
+        onnx.checker.check_model(str(path))
+        bound[name] = BoundDecoder(make_session(path, ["CPUExecutionProvider"], 1), manifest.config, setting, [5, 9, 3])
+    return bound
+
+
+def test_int8_variants_take_out_only_their_part(int8_dir: Path) -> None:
+    manifest = load_model_dir(int8_dir)
+    models = variant_models(manifest.graph_path(int8_dir, "decoder"), manifest.config)
+    assert set(models) == {AS_EXPORTED, *VARIANTS}
+    assert {SELF_ATTENTION, CROSS_ATTENTION} <= op_types(models[AS_EXPORTED])
+    assert SELF_ATTENTION not in op_types(models["self-attention"]) and CROSS_ATTENTION in op_types(models["self-attention"])
+    assert CROSS_ATTENTION not in op_types(models["cross-attention"]) and SELF_ATTENTION in op_types(models["cross-attention"])
+    assert not {SELF_ATTENTION, CROSS_ATTENTION} & op_types(models["all attention"])
+    assert not any(output.name.startswith("present_") for output in models["self-attention"].graph.output)
+    assert "LogSoftmax" not in op_types(models["log-softmax"])
+    scale_nodes = [node for node in models["row-scale Abs and Mul"].graph.node if node.name.endswith((".row.abs", ".row.scale"))]
+    assert not scale_nodes and "Abs" in op_types(models[AS_EXPORTED])
+
+
+def test_fp32_dir_has_no_row_scales_to_take_out(tiny_model_dir: Path) -> None:
+    manifest = load_model_dir(tiny_model_dir)
+    variants = variant_models(manifest.graph_path(tiny_model_dir, "decoder"), manifest.config)
+    assert set(variants) == {AS_EXPORTED, *VARIANTS} - {"row-scale Abs and Mul"}
+
+
+def test_bound_decoder_computes_what_a_plain_run_computes(int8_dir: Path, tmp_path: Path) -> None:
+    bound = bound_variants(int8_dir, tmp_path, Setting(rows=3, position=4))
+    exported = bound[AS_EXPORTED]
+    feeds = {name: array.copy() for name, array in exported.inputs.items()}  # before the bound call writes its cache slot
+    exported.session.run_with_iobinding(exported.binding)
+    plain = exported.session.run(["log_probs"], feeds)[0]
+    np.testing.assert_allclose(exported.log_probs, plain, rtol=0, atol=1e-5)
+    assert np.isfinite(exported.log_probs).all()
+    np.testing.assert_allclose(np.exp(exported.log_probs).sum(axis=1), 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_runs_bound_as_the_engine_binds(variant: str, int8_dir: Path, tmp_path: Path) -> None:
+    bound = bound_variants(int8_dir, tmp_path, Setting(rows=4, position=6))
+    assert bound[variant].time_calls(2) > 0
+    assert bound[variant].log_probs.shape == (4, load_model_dir(int8_dir).config.vocab_size)
+
+
+def test_without_log_softmax_the_call_returns_the_logits(int8_dir: Path, tmp_path: Path) -> None:
+    bound = bound_variants(int8_dir, tmp_path, Setting(rows=2, position=3))
+    for decoder in (bound[AS_EXPORTED], bound["log-softmax"]):
+        decoder.session.run_with_iobinding(decoder.binding)
+    # log_softmax(logits) = logits - logsumexp(logits): the same row shifted by one constant.
+    shift = bound["log-softmax"].log_probs - bound[AS_EXPORTED].log_probs
+    np.testing.assert_allclose(shift, np.broadcast_to(shift[:, :1], shift.shape), rtol=0, atol=1e-4)
+
+
+def test_report_has_a_table_per_model_dir(int8_dir: Path, tiny_model_dir: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ablation.md"
+    assert main(["--model-dir", str(int8_dir), "--model-dir", str(tiny_model_dir), "--checkpoint", str(tiny_checkpoint),
+                 "--test", str(tmp_path / "absent.tsv"), "--rows", "1,3", "--positions", "2", "--rounds", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    report = out.read_text(encoding="utf-8")
+    assert report.count("### ") == 2 and "| 3 | 2 |" in report and "without all attention" in report
