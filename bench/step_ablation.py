@@ -43,16 +43,6 @@ SELF_ATTENTION = "GroupQueryAttention"
 CROSS_ATTENTION = "MultiHeadAttention"
 AS_EXPORTED = "as exported"
 TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many calls, short enough to interleave often
-# A variant's name and what it takes out, in the report's column order.
-VARIANTS = {
-    "self-attention": "each cached self-attention node's output is its query; the cache is neither read nor written",
-    "cross-attention": "each cross-attention node's output is its query; the encoder's K/V are not read",
-    "all attention": "both of the above",
-    "row-scale Abs and Mul": "int8: each per-row activation scale is the row's max instead of max|x| / 127 (two of its three nodes)",
-    "log-softmax": "the logits leave the graph as they are",
-}
-
-
 @dataclass(frozen=True)
 class Setting:
     rows: int
@@ -118,23 +108,32 @@ def bypassed_all_attention(model: onnx.ModelProto, config: ModelConfig) -> None:
     bypassed_attention(model, CROSS_ATTENTION, config)
 
 
-VARIANT_EDITS: dict[str, Callable[[onnx.ModelProto, ModelConfig], None]] = {
-    "self-attention": bypassed_self_attention,
-    "cross-attention": bypassed_cross_attention,
-    "all attention": bypassed_all_attention,
-    "row-scale Abs and Mul": bypassed_scale_nodes,
-    "log-softmax": bypassed_log_softmax,
-}
+@dataclass(frozen=True)
+class Variant:
+    takes_out: str  # what the report's legend says of it
+    edit: Callable[[onnx.ModelProto, ModelConfig], None]
+
+
+# In the report's column order.
+VARIANTS = {
+    "self-attention": Variant("each cached self-attention node's output is its query; the cache is neither read nor written",
+                              bypassed_self_attention),
+    "cross-attention": Variant("each cross-attention node's output is its query; the encoder's K/V are not read", bypassed_cross_attention),
+    "all attention": Variant("both of the above", bypassed_all_attention),
+    "row-scale Abs and Mul": Variant("int8: each per-row activation scale is the row's max, not max|x| / 127 (two of its three nodes)",
+                                     bypassed_scale_nodes),
+    "log-softmax": Variant("the logits leave the graph as they are", bypassed_log_softmax),
+}  # fmt: skip
 
 
 def variant_models(decoder: Path, config: ModelConfig) -> dict[str, onnx.ModelProto]:
     """The decoder as exported and every variant that changes it (a fp32 graph has no row scales to remove)."""
     original = onnx.load(str(decoder))
     models = {AS_EXPORTED: original}
-    for name, edit in VARIANT_EDITS.items():
+    for name, variant in VARIANTS.items():
         model = onnx.ModelProto()
         model.CopyFrom(original)
-        edit(model, config)
+        variant.edit(model, config)
         if [node.SerializeToString() for node in model.graph.node] != [node.SerializeToString() for node in original.graph.node]:
             models[name] = model
     return models
@@ -243,7 +242,7 @@ def format_table(label: str, results: dict[Setting, dict[str, float]]) -> str:
 
 
 def legend() -> str:
-    removed = "\n".join(f"- without {name}: {what}" for name, what in VARIANTS.items())
+    removed = "\n".join(f"- without {name}: {variant.takes_out}" for name, variant in VARIANTS.items())
     return ("The decoder call as the engine makes it (every row at the same position, its source lengths taken in turn from "
             "the sampled test sentences, the cross K/V as wide as the engine pads them), timed without the profiler; each "
             "other column is what the call got faster by (time and share of the whole) when one part was taken out:\n\n" + removed)
