@@ -2,8 +2,8 @@
 
 ONNX Runtime's profiler lengthens every kernel by a roughly fixed amount (nmt-step-profile), so its shares overstate
 the many small nodes and understate what a kernel loses to the step around it: an attention kernel that runs in 38 us
-on a warm cache in a loop of its own can take four times that inside the step, where the weights and activations of
-the other nodes have pushed its K/V out of the cache. Here the decoder call is timed without the profiler, as the
+on a warm cache in a loop of its own can take four times that inside the step, as much as it takes alone right after
+a sweep through 64 MB of other memory. Here the decoder call is timed without the profiler, as the
 engine makes it (IO binding, each present K/V bound to its past's memory), once as exported and once per variant
 with one part removed; the difference is what that part costs in place. The variants compute nothing useful: they
 are timing instruments, never served.
