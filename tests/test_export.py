@@ -202,6 +202,34 @@ def test_step_cache_source_absent_while_buffers_narrow_is_copied_again(fp32_dir:
     assert widths == [step_cache.source_width(41), step_cache.MIN_SOURCE_WIDTH, step_cache.source_width(41)]  # 40 tokens and EOS, rounded up
 
 
+def test_step_cache_narrows_once_a_whole_width_multiple_is_unused(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """After the 40-token source's rows leave, the 20-token one needs 32 of the 48 columns: the buffers narrow
+    to 32 at once (cross-attention reads every bound column), and torch's log-probs hold across the change."""
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [list(range(5, 45)), list(range(50, 70))])
+    calls = [
+        (np.array([0, 1]), np.full(2, -1), np.array([1, 1])),
+        (np.array([1]), np.array([1]), np.array([30])),  # the long source's row has left
+        (np.array([1]), np.array([0]), np.array([31])),
+    ]
+    widths = []
+    for call in calls:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        widths.append(ort_step.cache._src_mask.shape[1])
+    assert widths == [48, 32, 32]
+
+
+@pytest.mark.parametrize(("width", "needed", "spare", "fitted"), [
+    (48, 21, step_cache.SOURCE_WIDTH_MULTIPLE, 32),  # the step cache: 16 columns free are enough
+    (48, 21, None, 48),  # the engine's pool: it waits for half the width
+    (48, 10, None, 16),
+    (48, 41, step_cache.SOURCE_WIDTH_MULTIPLE, 48),
+    (32, 10, step_cache.SOURCE_WIDTH_MULTIPLE, step_cache.MIN_SOURCE_WIDTH),
+    (16, 40, None, 48),  # grown to fit, rounded up
+])  # fmt: skip
+def test_fitted_width_narrows_when_the_spare_columns_are_unused(width: int, needed: int, spare: int | None, fitted: int) -> None:
+    assert step_cache.fitted_width(width, needed, spare) == fitted
+
+
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
     """Fused attention, no cache copies in the graph; a step writes one slot per row into the bound buffers."""
     ops = {node.op_type for node in onnx.load(str(fp32_dir / "decoder.onnx")).graph.node}

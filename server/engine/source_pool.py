@@ -31,7 +31,9 @@ class SourcePool:
         return self.src_mask.shape[1]
 
     def fit(self, longest: int) -> None:
-        """Narrow to the longest source still in use (tokens, EOS included) when it is well below the width."""
+        """Narrow to the longest source still in use (tokens, EOS included) when it is at most half the width.
+        The step cache reads only the call's sources from here, so this width is memory, not compute: it
+        narrows less eagerly than the step cache's own buffers (StepCache._fit_sources)."""
         width = fitted_width(self.width, longest)
         if width < self.width:
             self.cross = [np.ascontiguousarray(layer[:, :, :width]) for layer in self.cross]
