@@ -35,7 +35,7 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
-from nmt_serve.runtime.step_cache import INITIAL_LENGTH, source_width
+from nmt_serve.runtime.step_cache import INITIAL_LENGTH, MIN_SOURCE_WIDTH, source_width
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many cal
 class Setting:
     rows: int
     position: int  # every row's position: tokens already in its self-attention cache
+    # None: the sources as sampled, bound as wide as the engine pads them. A width: every source cut to
+    # MIN_SOURCE_WIDTH tokens and bound this wide, so that calls differ only in masked columns.
+    width: int | None = None
 
 
 def bypassed_attention(model: onnx.ModelProto, op_type: str, config: ModelConfig) -> None:
@@ -148,7 +151,9 @@ class BoundDecoder:
         rng = np.random.default_rng(seed)
         heads, head_dim = config.n_heads, config.d_model // config.n_heads
         lengths = np.array([source_lengths[row % len(source_lengths)] for row in range(rows)])
-        width = source_width(int(lengths.max()))
+        if setting.width is not None:
+            lengths = np.minimum(lengths, MIN_SOURCE_WIDTH)
+        width = source_width(int(lengths.max())) if setting.width is None else setting.width
         capacity = INITIAL_LENGTH  # the engine's cache capacity: doubled until a row's next token fits
         while capacity < position + 1:
             capacity *= 2
@@ -230,6 +235,36 @@ def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequenc
     return results
 
 
+def time_widths(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int,
+                threads: int) -> dict[Setting, float]:  # fmt: skip
+    """Median seconds per call of the decoder as exported in each setting (each with its own width), the settings of
+    one row count interleaved in rotated order."""
+    manifest = load_model_dir(model_dir, verify_hashes=False)
+    session = make_session(manifest.graph_path(model_dir, "decoder"), ["CPUExecutionProvider"], threads)
+    results: dict[Setting, float] = {}
+    for rows in dict.fromkeys(setting.rows for setting in settings):
+        bound = {setting: BoundDecoder(session, manifest.config, setting, source_lengths)
+                 for setting in settings if setting.rows == rows}  # fmt: skip
+        calls = next(iter(bound.values())).calls_per_timing()
+        times: dict[Setting, list[float]] = {setting: [] for setting in bound}
+        for round_index in range(rounds):
+            for setting in rotated(list(bound), round_index):
+                times[setting].append(bound[setting].time_calls(calls))
+        results.update({setting: statistics.median(values) for setting, values in times.items()})
+    return results
+
+
+def format_widths(label: str, results: dict[Setting, float]) -> str:
+    widths = list(dict.fromkeys(setting.width for setting in results))
+    header = "| rows | position | " + " | ".join(f"{width} wide (us)" for width in widths) + " |"
+    title = f"### {label}: the call by bound source width (sources of at most {MIN_SOURCE_WIDTH} tokens)"
+    lines = [title, "", header, "|---|---|" + "---|" * len(widths)]
+    for rows, position in dict.fromkeys((setting.rows, setting.position) for setting in results):
+        cells = [f"{1e6 * results[Setting(rows, position, width)]:.0f}" for width in widths]
+        lines.append(f"| {rows} | {position} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_table(label: str, results: dict[Setting, dict[str, float]]) -> str:
     variants = [name for name in VARIANTS if any(name in by_variant for by_variant in results.values())]
     lines = [f"### {label}", "", "| rows | position | decoder call (us) | " + " | ".join(f"without {name}" for name in variants) + " |",
@@ -256,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="source lengths sampled from it (random without)")
     parser.add_argument("--rows", default="1,8,32,128", help="comma-separated row counts")
     parser.add_argument("--positions", default="16", help="comma-separated positions (tokens already cached per row)")
+    parser.add_argument("--widths", default="", help="comma-separated source widths: also time the call as exported with every source "
+                        f"cut to {MIN_SOURCE_WIDTH} tokens and bound this wide (multiples of 16; empty: skip)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds; the median is reported")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/step-ablation.md"))
@@ -273,6 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables = [format_table(f"{model_dir.parent.name}/{model_dir.name}",
                                ablate(model_dir, settings, source_lengths, args.rounds, args.threads, Path(work)))
                   for model_dir in model_dirs]  # fmt: skip
+    widths = [int(width) for width in args.widths.split(",") if width]
+    if widths:
+        by_width = [Setting(setting.rows, setting.position, width) for setting in settings for width in widths]
+        tables += [format_widths(f"{model_dir.parent.name}/{model_dir.name}",
+                                 time_widths(model_dir, by_width, source_lengths, args.rounds, args.threads))
+                   for model_dir in model_dirs]  # fmt: skip
     write_report("Decoder step ablation", "nmt-step-ablation", argv, [legend(), *tables], args.out)
     return 0
 

@@ -12,6 +12,7 @@ from nmt_serve.bench.step_ablation import (AS_EXPORTED, CROSS_ATTENTION, SELF_AT
                                            variant_models)  # fmt: skip
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
+from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:
@@ -76,10 +77,25 @@ def test_without_log_softmax_the_call_returns_the_logits(int8_dir: Path, tmp_pat
     np.testing.assert_allclose(shift, np.broadcast_to(shift[:, :1], shift.shape), rtol=0, atol=1e-4)
 
 
+def test_a_width_setting_cuts_the_sources_and_binds_them_that_wide(int8_dir: Path, tmp_path: Path) -> None:
+    """Calls that differ only in masked columns: the sources are cut to MIN_SOURCE_WIDTH tokens and bound as wide as asked."""
+    manifest = load_model_dir(int8_dir)
+    session = make_session(manifest.graph_path(int8_dir, "decoder"), ["CPUExecutionProvider"], 1)
+    results = []
+    for width in (16, 32, 48):
+        decoder = BoundDecoder(session, manifest.config, Setting(rows=3, position=2, width=width), [40, 9, 25])
+        assert decoder.inputs["cross_key_0"].shape[2] == width
+        assert decoder.inputs["src_mask"].sum(axis=1).tolist() == [MIN_SOURCE_WIDTH, 9, MIN_SOURCE_WIDTH]
+        decoder.session.run_with_iobinding(decoder.binding)
+        results.append(decoder.log_probs.copy())
+    assert all(result.shape == (3, manifest.config.vocab_size) and np.isfinite(result).all() for result in results)
+
+
 def test_report_has_a_table_per_model_dir(int8_dir: Path, tiny_model_dir: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "ablation.md"
     assert main(["--model-dir", str(int8_dir), "--model-dir", str(tiny_model_dir), "--checkpoint", str(tiny_checkpoint),
-                 "--test", str(tmp_path / "absent.tsv"), "--rows", "1,3", "--positions", "2", "--rounds", "1",
+                 "--test", str(tmp_path / "absent.tsv"), "--rows", "1,3", "--positions", "2", "--widths", "16,32", "--rounds", "1",
                  "--out", str(out)]) == 0  # fmt: skip
     report = out.read_text(encoding="utf-8")
-    assert report.count("### ") == 2 and "| 3 | 2 |" in report and "without all attention" in report
+    assert report.count("### ") == 4 and "| 3 | 2 |" in report and "without all attention" in report
+    assert report.count("| 16 wide (us) | 32 wide (us) |") == 2
