@@ -340,8 +340,8 @@ class StepCache:
         call's longest source, `width`. Places keep their K/V: every live source fits in `width`.
 
         They narrow as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half of it is:
-        cross-attention reads every bound position, and in place each 16 unused ones cost 18-24% of a
-        32-row int8 call (nmt-step-ablation's width table, AMD EPYC with AVX-512 VNNI). Narrowing costs a
+        cross-attention reads every bound position, and in place each 16 unused ones cost 13-24% of a
+        32-row int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a
         copy of the live sources and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8
         long sources finish first, 1.15x-1.20x the tokens/s of narrowing at half the width; 8 with one,
         1.04x; in an open loop at 70% and 90% of capacity, the same tokens/s and median latency, p99
