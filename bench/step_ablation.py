@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 from importlib.metadata import version
 from pathlib import Path
 
@@ -211,25 +212,40 @@ class BoundDecoder:
         return (time.perf_counter() - start) / calls
 
 
-def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int, threads: int,
-           work: Path) -> dict[Setting, dict[str, float]]:  # fmt: skip
-    """Median seconds per decoder call of every variant in every setting, the variants interleaved in rotated order."""
+K = TypeVar("K")
+
+
+def interleaved_medians(bound: dict[K, BoundDecoder], rounds: int) -> dict[K, float]:
+    """Median seconds per call of each bound decoder over `rounds` rounds, taken in rotated order each round so
+    that a drift of the machine hits all alike; every timing is as many calls as the first one's ~TIMING_SECONDS."""
+    calls = next(iter(bound.values())).calls_per_timing()
+    times: dict[K, list[float]] = {key: [] for key in bound}
+    for round_index in range(rounds):
+        for key in rotated(list(bound), round_index):
+            times[key].append(bound[key].time_calls(calls))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def variant_sessions(model_dir: Path, threads: int, work: Path) -> dict[str, ort.InferenceSession]:
+    """A CPU session for the decoder as exported and for every variant of it, each saved under `work` first."""
     manifest = load_model_dir(model_dir, verify_hashes=False)
-    config = manifest.config
     sessions: dict[str, ort.InferenceSession] = {}
-    for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), config).items()):
+    for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), manifest.config).items()):
         path = work / f"{model_dir.name}-variant{index}.onnx"
         onnx.save(model, str(path))
         sessions[name] = make_session(path, ["CPUExecutionProvider"], threads)
+    return sessions
+
+
+def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int, threads: int,
+           work: Path) -> dict[Setting, dict[str, float]]:  # fmt: skip
+    """Median seconds per decoder call of every variant in every setting, the variants interleaved."""
+    config = load_model_dir(model_dir, verify_hashes=False).config
+    sessions = variant_sessions(model_dir, threads, work)
     results: dict[Setting, dict[str, float]] = {}
     for setting in settings:
-        bound = {name: BoundDecoder(session, config, setting, source_lengths) for name, session in sessions.items()}
-        calls = bound[AS_EXPORTED].calls_per_timing()
-        times: dict[str, list[float]] = {name: [] for name in bound}
-        for round_index in range(rounds):
-            for name in rotated(list(bound), round_index):
-                times[name].append(bound[name].time_calls(calls))
-        results[setting] = {name: statistics.median(values) for name, values in times.items()}
+        results[setting] = interleaved_medians({name: BoundDecoder(session, config, setting, source_lengths)
+                                                for name, session in sessions.items()}, rounds)  # fmt: skip
         shown = {name: f"{1e6 * value:.0f} us" for name, value in results[setting].items()}
         logger.info("%s rows %d: %s", model_dir.name, setting.rows, shown)
     return results
@@ -238,19 +254,13 @@ def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequenc
 def time_widths(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int,
                 threads: int) -> dict[Setting, float]:  # fmt: skip
     """Median seconds per call of the decoder as exported in each setting (each with its own width), the settings of
-    one row count interleaved in rotated order."""
+    one row count interleaved."""
     manifest = load_model_dir(model_dir, verify_hashes=False)
     session = make_session(manifest.graph_path(model_dir, "decoder"), ["CPUExecutionProvider"], threads)
     results: dict[Setting, float] = {}
     for rows in dict.fromkeys(setting.rows for setting in settings):
-        bound = {setting: BoundDecoder(session, manifest.config, setting, source_lengths)
-                 for setting in settings if setting.rows == rows}  # fmt: skip
-        calls = next(iter(bound.values())).calls_per_timing()
-        times: dict[Setting, list[float]] = {setting: [] for setting in bound}
-        for round_index in range(rounds):
-            for setting in rotated(list(bound), round_index):
-                times[setting].append(bound[setting].time_calls(calls))
-        results.update({setting: statistics.median(values) for setting, values in times.items()})
+        results.update(interleaved_medians({setting: BoundDecoder(session, manifest.config, setting, source_lengths)
+                                            for setting in settings if setting.rows == rows}, rounds))  # fmt: skip
     return results
 
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from nmt_serve.bench.step_ablation import (AS_EXPORTED, CROSS_ATTENTION, SELF_ATTENTION, VARIANTS, BoundDecoder, Setting, main,
-                                           variant_models)  # fmt: skip
+                                           variant_models, variant_sessions)  # fmt: skip
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH
@@ -20,14 +20,13 @@ def op_types(model: onnx.ModelProto) -> set[str]:
 
 
 def bound_variants(model_dir: Path, tmp_path: Path, setting: Setting) -> dict[str, BoundDecoder]:
-    manifest = load_model_dir(model_dir)
-    bound = {}
-    for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), manifest.config).items()):
-        path = tmp_path / f"variant{index}.onnx"
-        onnx.save(model, str(path))
+    config = load_model_dir(model_dir).config
+    sessions = variant_sessions(model_dir, 1, tmp_path)
+    saved = sorted(tmp_path.glob("*.onnx"))
+    assert len(saved) == len(sessions)
+    for path in saved:
         onnx.checker.check_model(str(path))
-        bound[name] = BoundDecoder(make_session(path, ["CPUExecutionProvider"], 1), manifest.config, setting, [5, 9, 3])
-    return bound
+    return {name: BoundDecoder(session, config, setting, [5, 9, 3]) for name, session in sessions.items()}
 
 
 def test_int8_variants_take_out_only_their_part(int8_dir: Path) -> None:
