@@ -32,6 +32,9 @@ COPY deploy/wheelhouse/ /wheelhouse/
 
 # nmt-serve's wheel, built from the sources (setuptools from the wheelhouse when there is one).
 FROM ${PYTHON_IMAGE} AS wheel
+# The sources' digest (scripts/stack.sh): buildah does not rebuild a RUN whose bind-mounted stage changed, it does when a
+# build argument before it did.
+ARG SOURCE_DIGEST
 ENV PIP_NO_CACHE_DIR=1
 RUN --mount=type=bind,from=source,source=/src,target=/src,rw \
     --mount=type=bind,from=source,source=/wheelhouse,target=/tmp/wheelhouse \
@@ -51,6 +54,7 @@ FROM ${PYTHON_IMAGE} AS cpu
 ARG VERSION
 ARG REVISION
 ARG SOURCE
+ARG SOURCE_DIGEST
 LABEL org.opencontainers.image.title="nmt-serve" \
       org.opencontainers.image.description="German->English translation over gRPC and HTTP/JSON on ONNX Runtime, CPU, int8" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -78,6 +82,7 @@ FROM ${CUDA_IMAGE} AS gpu
 ARG VERSION
 ARG REVISION
 ARG SOURCE
+ARG SOURCE_DIGEST
 LABEL org.opencontainers.image.title="nmt-serve" \
       org.opencontainers.image.description="German->English translation over gRPC and HTTP/JSON on ONNX Runtime, CUDA, fp32" \
       org.opencontainers.image.licenses="Apache-2.0" \

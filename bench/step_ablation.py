@@ -36,6 +36,7 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
+from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH
 from nmt_serve.runtime.step_cache import INITIAL_LENGTH, MIN_SOURCE_WIDTH, source_width
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many cal
 class Setting:
     rows: int
     position: int  # every row's position: tokens already in its self-attention cache
-    # None: the sources as sampled, bound as wide as the engine pads them. A width: every source cut to
-    # MIN_SOURCE_WIDTH tokens and bound this wide, so that calls differ only in masked columns.
+    # None: the sources as sampled, bound as the engine groups and pads them. A width: every source cut to
+    # MIN_SOURCE_WIDTH tokens and bound this wide in the wide group, so that calls differ only in masked columns.
     width: int | None = None
 
 
@@ -154,7 +155,14 @@ class BoundDecoder:
         lengths = np.array([source_lengths[row % len(source_lengths)] for row in range(rows)])
         if setting.width is not None:
             lengths = np.minimum(lengths, MIN_SOURCE_WIDTH)
-        width = source_width(int(lengths.max())) if setting.width is None else setting.width
+        # As the engine groups them: sources of at most NARROW_SOURCE_WIDTH tokens in the narrow group, the others in the
+        # wide one as wide as their longest (runtime/source_group.py). The width table binds every source in the wide group.
+        is_narrow = lengths <= NARROW_SOURCE_WIDTH if setting.width is None else np.zeros(rows, dtype=bool)
+        narrow_rows, wide_rows = np.flatnonzero(is_narrow), np.flatnonzero(~is_narrow)
+        width = source_width(int(lengths[wide_rows].max(initial=1))) if setting.width is None else setting.width
+        widths = {NARROW_PREFIX: NARROW_SOURCE_WIDTH, "": width}
+        row_queries = np.empty(rows, dtype=np.int64)
+        row_queries[np.concatenate([narrow_rows, wide_rows])] = np.arange(rows)  # the narrow group's results come first
         capacity = INITIAL_LENGTH  # the engine's cache capacity: doubled until a row's next token fits
         while capacity < position + 1:
             capacity *= 2
@@ -166,9 +174,11 @@ class BoundDecoder:
         feeds = {
             "tgt_ids": rng.integers(4, config.vocab_size, (rows, 1)),
             "positions": np.full(rows, position, dtype=np.int64),
-            "src_mask": np.arange(width)[None] < lengths[:, None],
-            "source_queries": np.arange(rows, dtype=np.int64)[:, None],
-            "row_queries": np.arange(rows, dtype=np.int64),
+            f"{NARROW_PREFIX}src_mask": np.arange(NARROW_SOURCE_WIDTH)[None] < lengths[narrow_rows][:, None],
+            f"{NARROW_PREFIX}source_queries": narrow_rows[:, None],
+            "src_mask": np.arange(width)[None] < lengths[wide_rows][:, None],
+            "source_queries": wide_rows[:, None],
+            "row_queries": row_queries,
             "candidate_rows": np.zeros(0, dtype=np.int64),
             "candidate_count": np.ones(1, dtype=np.int64),
         }
@@ -179,8 +189,10 @@ class BoundDecoder:
                 present = spec.name.replace("past_", "present_", 1)
                 if present in outputs:
                     self._bind(present, cache, output=True)
-            elif spec.name.startswith("cross_"):
-                self._bind(spec.name, (rng.standard_normal((rows, heads, width, head_dim)) * 0.5).astype(np.float32))
+            elif spec.name.startswith(("cross_", f"{NARROW_PREFIX}cross_")):
+                prefix = NARROW_PREFIX if spec.name.startswith(NARROW_PREFIX) else ""
+                sources = len(narrow_rows) if prefix else len(wide_rows)
+                self._bind(spec.name, (rng.standard_normal((sources, heads, widths[prefix], head_dim)) * 0.5).astype(np.float32))
             else:
                 self._bind(spec.name, np.ascontiguousarray(feeds[spec.name]))
         self._bind("log_probs", self.log_probs, output=True)

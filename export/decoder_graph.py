@@ -4,10 +4,12 @@ Why not torch.onnx here: the exported step was ~150 small nodes (reshapes, trans
 and a concat of the whole cache per layer), and at serving batch sizes a step is dominated by
 per-node cost and those copies (bench/results/engine.md). Written directly, a decoder layer is
 one QKV MatMul, `com.microsoft.GroupQueryAttention` (with as many K/V heads as query heads,
-that is plain multi-head attention) over a self-attention cache that is updated in place, a
-`com.microsoft.MultiHeadAttention` over each source's cross K/V with the rows reading that source
-as its queries (two Gathers map rows to sources and back), three Add + LayerNormalization
-(post-LN; a pre-LN model normalises each sublayer's input instead and adds a final LayerNorm) and the FFN: 94 nodes for the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
+that is plain multi-head attention) over a self-attention cache that is updated in place, two
+`com.microsoft.MultiHeadAttention` (one per group of sources: the short ones in narrow buffers, the
+rest as wide as the longest) over each source's cross K/V with the rows reading that source as its
+queries (Gathers map rows to sources and back), three Add + LayerNormalization (post-LN; a pre-LN
+model normalises each sublayer's input instead and adds a final LayerNorm) and the FFN: 107 nodes for
+the 3-layer default model. Parity against the PyTorch model checks it (export/parity.py).
 
 Contract (docs/architecture.md, the model dir): every row carries its own cache, so rows at different
 positions share a call without a past mask or padding.
@@ -17,8 +19,13 @@ positions share a call without a past mask or padding.
   source once, however many rows read it
   source_queries [sources, queries] int64: the rows reading each source (a source read by fewer
   rows than `queries` repeats one of them; that result is dropped)
+  narrow_src_mask [narrow_sources, narrow_len], narrow_source_queries [narrow_sources, queries] and
+  narrow cross K/V per layer [narrow_sources, H, narrow_len, Dh]: a second group of sources, the
+  same way; the runtime puts the short sources there (runtime/source_group.py), so one long source
+  does not widen every row's cross-attention. Each group holds at least one source.
   row_queries [rows] int64: where each row's cross-attention result is in the flattened
-  [sources * queries] output (source * queries + its place among the source's rows)
+  [(narrow_sources + sources) * queries] output, the narrow group's first (place * queries + its
+  place among the source's rows)
   past K/V per layer [rows, H, capacity, Dh]: slots [0, position) of a row are its past;
   the step writes slot `position` and reads slots [0, position]. Bind each present K/V to the
   same buffer as its past (IO binding) and the cache grows in place; without binding, ONNX
@@ -42,11 +49,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from nmt_serve.export.graph_writer import CONTRIB_DOMAIN, GraphWriter, add_and_norm, add_residual, finish_model, layer_norm, to_numpy
-from nmt_serve.export.graphs import encoder_output_names, kv_names, past_names, present_names
+from nmt_serve.export.graphs import encoder_output_names, kv_names, narrow_cross_names, past_names, present_names
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.transformer import DecoderLayer, Transformer
+from nmt_serve.runtime.source_group import NARROW_PREFIX
 
 SOURCE_INPUTS = ["source_queries", "row_queries"]
+NARROW_INPUTS = [f"{NARROW_PREFIX}src_mask", f"{NARROW_PREFIX}source_queries"]
 CANDIDATE_INPUTS = ["candidate_rows", "candidate_count"]
 CANDIDATE_OUTPUTS = ["candidate_log_probs", "candidate_ids"]
 
@@ -97,11 +106,20 @@ def write_layer(graph: GraphWriter, layer: DecoderLayer, index: int, x: str, con
     # that source's queries, so its K/V ([sources, H, S, Dh]) are read once per step, not K times.
     query_input = sublayer_input(graph, x, layer.norm2, pre_norm, f"{name}.norm2")
     query = graph.linear(query_input, to_numpy(cross.q_proj.weight), to_numpy(cross.q_proj.bias), f"{name}.cross_q")
-    queries = graph.op("Gather", [graph.op("Reshape", [query, "flat_rows_shape"], f"{name}.cross_q_flat"), "source_queries"], f"{name}.cross_q_by_source")
-    cross_key, cross_value = kv_names("cross", index)
-    attended = graph.op("MultiHeadAttention", [queries, cross_key, cross_value, "", "src_mask_int"], f"{name}.cross_attn", CONTRIB_DOMAIN,
-                        num_heads=n_heads, scale=scale)  # fmt: skip
-    by_row = graph.op("Gather", [graph.op("Reshape", [attended, "flat_rows_shape"], f"{name}.cross_attn_flat"), "row_queries"], f"{name}.cross_attn_by_row")
+    flat_query = graph.op("Reshape", [query, "flat_rows_shape"], f"{name}.cross_q_flat")
+    # Two groups of sources, each its own MultiHeadAttention over its own width: the short sources' buffers are
+    # NARROW_SOURCE_WIDTH wide, the others as wide as the longest (runtime/source_group.py). The narrow group's
+    # results come first in the flattened output row_queries reads.
+    by_group = []
+    for prefix, suffix in ((NARROW_PREFIX, "_narrow"), ("", "")):
+        queries = graph.op("Gather", [flat_query, f"{prefix}source_queries"], f"{name}.cross_q_by_source{suffix}")
+        cross_key, cross_value = kv_names(f"{prefix}cross", index)
+        mask = f"{prefix}src_mask_int"
+        attended = graph.op("MultiHeadAttention", [queries, cross_key, cross_value, "", mask], f"{name}.cross_attn{suffix}", CONTRIB_DOMAIN,
+                            num_heads=n_heads, scale=scale)  # fmt: skip
+        by_group.append(graph.op("Reshape", [attended, "flat_rows_shape"], f"{name}.cross_attn_flat{suffix}"))
+    both = graph.op("Concat", by_group, f"{name}.cross_attn_both", axis=0)
+    by_row = graph.op("Gather", [both, "row_queries"], f"{name}.cross_attn_by_row")
     attended = graph.op("Reshape", [by_row, "rows_shape"], f"{name}.cross_attn_rows")
     out = graph.linear(attended, to_numpy(cross.out_proj.weight), None, f"{name}.cross_out")
     x = write_residual(graph, out, x, to_numpy(cross.out_proj.bias), layer.norm2, pre_norm, f"{name}.norm2")
@@ -125,7 +143,8 @@ def build_decoder_graph(model: Transformer, opset: int) -> onnx.ModelProto:
     graph.op("Cast", ["positions"], "seqlens_k", to=TensorProto.INT32)
     longest = graph.op("ReduceMax", ["positions"], "longest_position", keepdims=0)
     graph.op("Cast", [graph.op("Add", [longest, graph.constant("one", np.array(1, np.int64))], "total_length_int64")], "total_sequence_length", to=TensorProto.INT32)
-    graph.op("Cast", ["src_mask"], "src_mask_int", to=TensorProto.INT32)
+    for prefix in (NARROW_PREFIX, ""):
+        graph.op("Cast", [f"{prefix}src_mask"], f"{prefix}src_mask_int", to=TensorProto.INT32)
     graph.constant("flat_rows_shape", np.array([-1, config.d_model], np.int64))
     graph.constant("rows_shape", np.array([-1, 1, config.d_model], np.int64))
     for index, layer in enumerate(model.decoder_layers):
@@ -155,9 +174,12 @@ def decoder_inputs(model: Transformer) -> list[onnx.ValueInfoProto]:
     value = helper.make_tensor_value_info
     inputs = [value("tgt_ids", TensorProto.INT64, ["rows", 1]), value("positions", TensorProto.INT64, ["rows"]),
               value("src_mask", TensorProto.BOOL, ["sources", "src_len"]),
-              value(SOURCE_INPUTS[0], TensorProto.INT64, ["sources", "queries"]), value(SOURCE_INPUTS[1], TensorProto.INT64, ["rows"])]  # fmt: skip
+              value(SOURCE_INPUTS[0], TensorProto.INT64, ["sources", "queries"]), value(SOURCE_INPUTS[1], TensorProto.INT64, ["rows"]),
+              value(NARROW_INPUTS[0], TensorProto.BOOL, ["narrow_sources", "narrow_len"]),
+              value(NARROW_INPUTS[1], TensorProto.INT64, ["narrow_sources", "queries"])]  # fmt: skip
     inputs += [value(name, TensorProto.FLOAT, ["rows", heads, "capacity", head_dim]) for name in past_names(n_layers)]
     inputs += [value(name, TensorProto.FLOAT, ["sources", heads, "src_len", head_dim]) for name in encoder_output_names(n_layers)]
+    inputs += [value(name, TensorProto.FLOAT, ["narrow_sources", heads, "narrow_len", head_dim]) for name in narrow_cross_names(n_layers)]
     inputs += [value(CANDIDATE_INPUTS[0], TensorProto.INT64, ["candidates"]), value(CANDIDATE_INPUTS[1], TensorProto.INT64, [1])]
     return inputs
 

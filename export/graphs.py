@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_serve.model.transformer import Transformer
+from nmt_serve.runtime.source_group import narrow_name
 
 
 def kv_names(prefix: str, layer: int) -> tuple[str, str]:
@@ -15,6 +16,11 @@ def kv_names(prefix: str, layer: int) -> tuple[str, str]:
 
 def encoder_output_names(n_layers: int) -> list[str]:
     return [name for layer in range(n_layers) for name in kv_names("cross", layer)]
+
+
+def narrow_cross_names(n_layers: int) -> list[str]:
+    """The decoder's second set of cross K/V inputs, for the short sources (runtime/source_group.py)."""
+    return [narrow_name(name) for name in encoder_output_names(n_layers)]
 
 
 def past_names(n_layers: int) -> list[str]:

@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 # 2: the decoder step keeps a per-row cache updated in place (export/decoder_graph.py); 1 had past_mask/cache_index.
 # 3: the decoder step also returns beam-search candidates (TopK of the rows asked for).
 # 4: cross-attention per source (cross K/V and src_mask once per source; source_queries, row_queries).
-FORMAT_VERSION = 4
+# 5: sources in two groups, each its own width (narrow_src_mask, narrow_source_queries, narrow_cross_*).
+FORMAT_VERSION = 5
 MANIFEST_FILE = "manifest.json"
 # One closed tuple: nmt-export's --precision choices and manifest validation both read it.
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -257,7 +258,8 @@ def _parse_manifest(raw: Any) -> tuple[Manifest | None, dict[str, str], list[str
     version = _take(raw, "format_version", "integer", problems, "")
     if problems or version != FORMAT_VERSION:
         # Another version may give every other field another meaning: report this alone.
-        return None, {}, problems or [f"format_version {version} not supported (this server reads {FORMAT_VERSION})"]
+        return None, {}, problems or [f"format_version {version} not supported (this server reads {FORMAT_VERSION}); "
+                                      "write the model dir again with nmt-export from its checkpoint"]
     _reject_unknown(raw, {f.name for f in dataclasses.fields(Manifest)} | {"special_ids"}, "", problems)
     texts = {key: _take_text(raw, key, problems) for key in ("model_name", "model_version", "source_language", "target_language")}
     precision = _take(raw, "precision", "string", problems, "")

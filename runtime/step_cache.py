@@ -2,7 +2,8 @@
 
 Each row owns a slice of one preallocated buffer per self-attention cache tensor (slots
 [0, position)); each source read by the call owns a slice of the cross K/V and source-mask
-buffers, however many rows (a beam) read it. The buffers are bound to the decoder with IO
+buffers of its group (the short sources' narrow buffers or the others', runtime/source_group.py),
+however many rows (a beam) read it. The buffers are bound to the decoder with IO
 binding, each present K/V to the same memory as its past, so a step appends one slot per row and
 copies nothing. Between calls `arrange` lays out the next call's rows: a row that continues a
 different row (a second beam from one parent, a new or moved row filling a hole) copies the slots
@@ -31,7 +32,8 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_serve.model.config import ModelConfig
-from nmt_serve.runtime.source_layout import source_layout
+from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH, SourceGroup, grown, narrow_name
+from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout
 
 INITIAL_ROWS = 8
 MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)
@@ -49,13 +51,13 @@ MIN_SOURCE_WIDTH = 16
 # at every width that is a multiple of 8 (16 and 32 too). Masked positions add exact zeros, so a row's result
 # no longer depends on the rows it is batched with: what int8 with per-row scales needs to be batch-invariant.
 SOURCE_WIDTH_MULTIPLE = 16
-MAX_BINDINGS = 64  # IO bindings kept, one per (rows, sources, queries) layout met since the buffers last moved
+MAX_BINDINGS = 64  # IO bindings kept, one per (rows, narrow places, wide places, queries) layout met since the buffers last moved
 
 
 @dataclass
 class Binding:
     io_binding: ort.IOBinding
-    layout: tuple[int, int, int]  # (rows, sources, queries)
+    layout: tuple[int, int, int, int]  # (rows, narrow places, wide places, queries)
     candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
 
 
@@ -77,17 +79,6 @@ def fitted_width(width_cap: int, needed: int, spare: int | None = None) -> int:
     return width_cap
 
 
-def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[int, ...] = ()) -> np.ndarray:
-    """`array` in another `shape` (larger, or narrower on an axis whose tail is not needed), `fill`
-    elsewhere (zeros, not empty memory: masked source slots are multiplied by 0, and 0 * NaN from
-    stale memory is NaN). `kept` limits what is carried over on the first axes (say, the live rows);
-    the other axes carry all of `array` that fits."""
-    new = np.zeros(shape, dtype=array.dtype) if fill == 0 else np.full(shape, fill, dtype=array.dtype)
-    region = tuple(slice(min(extent, size)) for extent, size in zip((*kept, *array.shape[len(kept) :]), shape, strict=True))
-    new[region] = array[region]
-    return new
-
-
 class StepCache:
     def __init__(self, session: ort.InferenceSession, config: ModelConfig, cross_names: Sequence[str]) -> None:
         """session: the decoder step; its present_* outputs are the K/V caches, each read from the past_* input named like it."""
@@ -95,6 +86,7 @@ class StepCache:
         self.n_heads, self.head_dim, self.vocab_size, self.max_positions = config.n_heads, config.head_dim, config.vocab_size, config.max_positions
         self.present_names = [output.name for output in session.get_outputs() if output.name.startswith("present_")]
         self.cross_names = list(cross_names)
+        self.narrow_names = [narrow_name(name) for name in self.cross_names]
         self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
         # ONNX Runtime copies an input bound in CPU memory to the device its nodes run on when it is bound, not when
         # the session runs (IOBinding::BindInput). On the CPU the binding reads the live buffers at every run; on
@@ -103,21 +95,25 @@ class StepCache:
         # there every run binds afresh. Outputs bound in CPU memory are copied into it at the end of each run.
         self.provider = session.get_providers()[0]  # where the decoder runs (the self-check's batch rule reads it too)
         self.binds_every_run = self.provider != "CPUExecutionProvider"
+        # A source group no row reads binds no place on the CPU (its attention kernel returns an empty batch at once)
+        # and one dummy place elsewhere, where an empty batch is not known to be accepted (runtime/source_group.py).
+        self.dummy_places = self.provider != "CPUExecutionProvider"
         self.reset()
 
     def clear(self) -> None:
         """Drop every row; keep the buffers for the next rows unless they have grown past KEEP_BYTES."""
-        held = self._kv_block.nbytes + sum(buffer.nbytes for buffer in self._cross)
+        held = self._kv_block.nbytes + self.narrow.nbytes + self.wide.nbytes
         if held > KEEP_BYTES:
             self.reset()
             return
-        self.rows = self.sources = self._longest = 0
-        self._source_keys[:] = -1  # pool slots are reused by new sources: their cross K/V must be copied again
+        self.rows = self._longest = 0
+        for group in (self.narrow, self.wide):  # pool slots are reused by new sources: their cross K/V must be copied again
+            group.forget_sources()
         self._row_keys = None
 
     def reset(self) -> None:
         """Drop every row and give the memory back."""
-        self.rows = self.sources = 0
+        self.rows = 0
         self._longest = 0  # the most tokens any live row has cached (a Python int: no numpy call per step)
         self._set_kv_block(np.zeros((len(self.past_names), 0, self.n_heads, 0, self.head_dim), dtype=np.float32))
         self._slot_ids = np.zeros((0, 0), dtype=np.int64)  # (row capacity, length capacity): slot lineage; 0 = unknown
@@ -125,29 +121,32 @@ class StepCache:
         self._next_slot_id = 1
         self.slots_copied = 0  # cache slots (each: every layer's K and V of one row and position) copied by moves, in all
         self.sources_copied = 0  # sources whose cross K/V were copied into a place, in all
-        # (source capacity, H, source length capacity, Dh) each
-        self._cross = [np.zeros((0, self.n_heads, 0, self.head_dim), dtype=np.float32) for _ in self.cross_names]
-        self._src_mask = np.zeros((0, 0), dtype=bool)
+        # The call's sources: those of at most NARROW_SOURCE_WIDTH tokens in the narrow group, the rest in the wide one
+        # (runtime/source_group.py).
+        self.narrow = SourceGroup(len(self.cross_names), self.n_heads, self.head_dim, INITIAL_ROWS)
+        self.wide = SourceGroup(len(self.cross_names), self.n_heads, self.head_dim, INITIAL_ROWS)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
-        self._source_keys = np.zeros(0, dtype=np.int64)  # which source's cross K/V a source place holds; -1 = none
         self._row_keys: np.ndarray | None = None  # per row of the arranged call: its source key (unchanged keys: same layout)
-        self._source_query_buffer = np.zeros(0, dtype=np.int64)  # source_queries lives at its front
-        self._source_queries = self._source_query_buffer.reshape(0, 0)  # (sources, queries): the rows reading each source
-        self._row_queries = np.zeros(0, dtype=np.int64)  # per row: its place in the flattened (sources * queries)
+        self._row_queries = np.zeros(0, dtype=np.int64)  # per row: its place in the flattened (narrow + wide places) x queries
         self._log_probs = np.zeros((0, self.vocab_size), dtype=np.float32)
         self._candidate_rows = np.zeros(0, dtype=np.int64)
         self._candidate_count = np.zeros(1, dtype=np.int64)
         self._candidate_log_probs = np.zeros(0, dtype=np.float32)  # flat: (n, count) views of the front
         self._candidate_ids = np.zeros(0, dtype=np.int64)
-        self._bindings: dict[tuple[int, int, int], Binding] = {}  # by (rows, sources, queries)
+        self._bindings: dict[tuple[int, int, int, int], Binding] = {}  # by Binding.layout
         self._binding: Binding | None = None  # the arranged call's
         self._wanted = (0, 0)  # (candidate rows, candidates per row) of the arranged call
 
     @property
     def capacity(self) -> tuple[int, int, int]:
-        """(rows, cached tokens per row, source tokens per row) the buffers hold now."""
-        return self._positions.shape[0], self._kv_block.shape[3], self._src_mask.shape[1]
+        """(rows, cached tokens per row, source tokens per row of the wide group) the buffers hold now."""
+        return self._positions.shape[0], self._kv_block.shape[3], self.wide.width
+
+    @property
+    def sources(self) -> int:
+        """The sources the arranged call reads."""
+        return self.narrow.sources + self.wide.sources
 
     @property
     def positions(self) -> np.ndarray:
@@ -156,8 +155,10 @@ class StepCache:
 
     def padding_ratio(self) -> float:
         """Share of source slots the last call's cross-attention masked out (self-attention has none)."""
-        mask = self._src_mask[: self.sources]
-        return 1.0 - float(mask.mean()) if mask.size else 0.0
+        narrow_padded, narrow_total = self.narrow.padded_and_total()
+        wide_padded, wide_total = self.wide.padded_and_total()
+        total = narrow_total + wide_total
+        return (narrow_padded + wide_padded) / total if total else 0.0
 
     def arrange(self, parents: np.ndarray, tgt_ids: np.ndarray, source_keys: np.ndarray, source_slots: np.ndarray,
                 pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray, candidate_rows: np.ndarray | None = None,
@@ -235,31 +236,57 @@ class StepCache:
         self.slots_copied += sum(end - start for _, _, start, end in copies)
 
     def _arrange_sources(self, keys: np.ndarray, slots: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
-        """Give each source read by the call a place and map rows to sources (runtime/source_layout.py): a
-        source keeps the place it had, so its K/V are copied only into a place new to it."""
-        layout = source_layout(keys, slots, self._source_keys[: self.sources])
-        sources, queries = layout.source_queries.shape
-        # The call's longest source (masks are True up to each source's end): cross-attention runs over the
-        # bound width, so the buffers follow it down as well as up, not the longest source ever seen.
-        width = int(pool_mask[layout.source_slots].sum(axis=1).max(initial=1))
-        self._fit_sources(sources, width)
-        stale = np.flatnonzero(self._source_keys[:sources] != layout.source_keys)
-        for place, slot in zip(stale.tolist(), layout.source_slots[stale].tolist(), strict=True):
-            for buffer, pool in zip(self._cross, pool_cross, strict=True):  # basic indexing: no temporary copy
-                buffer[place, :, :width] = pool[slot, :, :width]
-            self._src_mask[place, :width] = pool_mask[slot, :width]
-            self._src_mask[place, width:] = False
-        if stale.size:
-            self._source_keys[stale] = layout.source_keys[stale]
-            self.sources_copied += len(stale)
-        if self._source_queries.shape != (sources, queries):  # a new shape, at the same address
-            if sources * queries > len(self._source_query_buffer):
-                self._source_query_buffer = np.zeros(max(sources * queries, 2 * len(self._source_query_buffer)), dtype=np.int64)
+        """Give each source read by the call a place in its group and map rows to sources (runtime/source_layout.py): a
+        source keeps the place it had, so its K/V are copied only into a place new to it. Sources of at most
+        NARROW_SOURCE_WIDTH tokens go to the narrow group, the rest to the wide one, whose width follows the call's
+        longest source down as well as up (`_wide_width`)."""
+        lengths = pool_mask[slots].sum(axis=1)  # masks are True up to each source's end
+        is_narrow = lengths <= NARROW_SOURCE_WIDTH
+        grouped = [(self.narrow, np.flatnonzero(is_narrow), NARROW_SOURCE_WIDTH),
+                   (self.wide, np.flatnonzero(~is_narrow), self._wide_width(int(lengths[~is_narrow].max(initial=1))))]  # fmt: skip
+        layouts = [source_layout(keys[rows], slots[rows], group.keys[: group.sources]) for group, rows, _ in grouped]
+        # Both groups' places have as many queries: the graph concatenates their results before the rows gather theirs.
+        queries = max(MIN_QUERIES, *(layout.source_queries.shape[1] for layout in layouts)) if len(keys) else 0
+        offset = 0
+        dummy = self.dummy_places and len(keys) > 0
+        for (group, rows, width), layout in zip(grouped, layouts, strict=True):
+            places = len(layout.source_keys)
+            if group.fit(max(places, int(dummy)), width):
                 self._forget_bindings()
-            self._source_queries = self._source_query_buffer[: sources * queries].reshape(sources, queries)
-        self._source_queries[:] = layout.source_queries
-        self._row_queries[: len(keys)] = layout.row_queries
-        self.sources, self._row_keys = sources, keys.copy()
+            self.sources_copied += group.fill(layout, pool_cross, pool_mask)
+            if group.bind_queries(self._group_queries(layout, rows, queries, dummy)):
+                self._forget_bindings()
+            if not places and dummy:
+                group.dummy_place()
+            local_queries = max(layout.source_queries.shape[1], 1)
+            place, rank = np.divmod(layout.row_queries, local_queries)
+            self._row_queries[rows] = (offset + place) * queries + rank
+            offset += group.bound
+        self._row_keys = keys.copy()
+
+    def _wide_width(self, longest: int) -> int:
+        """The wide group's width for sources of at most `longest` tokens (`fitted_width`).
+
+        It narrows as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half of it is:
+        cross-attention reads every bound column, and in place each 16 unused ones cost 13-24% of a
+        32-row int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a
+        copy of the live sources and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8
+        long sources finish first, 1.15x-1.20x the tokens/s of narrowing at half the width; 8 with one,
+        1.04x; in an open loop at 70% and 90% of capacity, the same tokens/s and median latency, p99
+        0.112 / 0.183 s against 0.146 / 0.248 s."""
+        return fitted_width(self.wide.width, longest, spare=SOURCE_WIDTH_MULTIPLE)
+
+    @staticmethod
+    def _group_queries(layout: SourceLayout, rows: np.ndarray, queries: int, dummy: bool) -> np.ndarray:
+        """The layout's source_queries as rows of the whole call, widened to `queries` per place (a place read by
+        fewer rows repeats its first); a group no row reads gets none, or one dummy place read by row 0."""
+        local = layout.source_queries
+        if not local.size:
+            return np.zeros((int(dummy), queries), dtype=np.int64)
+        by_call = rows[local]
+        if by_call.shape[1] == queries:
+            return by_call
+        return np.concatenate([by_call, np.repeat(by_call[:, :1], queries - by_call.shape[1], axis=1)], axis=1)
 
     def _arrange_candidates(self, candidate_rows: np.ndarray | None, count: int) -> None:
         wanted = 0 if candidate_rows is None or count <= 0 else len(candidate_rows)
@@ -285,7 +312,7 @@ class StepCache:
 
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""
-        layout = (self.rows, *self._source_queries.shape)
+        layout = (self.rows, self.narrow.bound, self.wide.bound, self.wide.queries.shape[1])
         if self.binds_every_run:
             self._forget_bindings()
         if self._binding is None or self._binding.layout != layout:
@@ -335,31 +362,6 @@ class StepCache:
         self._log_probs = np.zeros((new_rows, self.vocab_size), dtype=np.float32)
         self._forget_bindings()  # new memory: bind again
 
-    def _fit_sources(self, sources: int, width: int) -> None:
-        """Source buffers for `sources` places (doubling when too few) as wide as `fitted_width` says for the
-        call's longest source, `width`. Places keep their K/V: every live source fits in `width`.
-
-        They narrow as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half of it is:
-        cross-attention reads every bound position, and in place each 16 unused ones cost 13-24% of a
-        32-row int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a
-        copy of the live sources and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8
-        long sources finish first, 1.15x-1.20x the tokens/s of narrowing at half the width; 8 with one,
-        1.04x; in an open loop at 70% and 90% of capacity, the same tokens/s and median latency, p99
-        0.112 / 0.183 s against 0.146 / 0.248 s."""
-        source_cap, width_cap = self._src_mask.shape
-        new_width = fitted_width(width_cap, width, spare=SOURCE_WIDTH_MULTIPLE)
-        if sources <= source_cap and new_width == width_cap:
-            return
-        new_sources = max(sources, source_cap * 2 if sources > source_cap else source_cap, INITIAL_ROWS)
-        # A place whose source is longer than the new width (one this call does not read) loses its tail
-        # here: it must not be kept for a later call that reads that source again.
-        cut = self._src_mask.sum(axis=1) > new_width
-        self._cross = [grown(buffer, (new_sources, self.n_heads, new_width, self.head_dim)) for buffer in self._cross]
-        self._src_mask = grown(self._src_mask, (new_sources, new_width))
-        self._source_keys = grown(self._source_keys, (new_sources,), fill=-1)
-        self._source_keys[: len(cut)][cut] = -1
-        self._forget_bindings()
-
     def _forget_bindings(self) -> None:
         self._bindings.clear()
         self._binding = None
@@ -380,14 +382,15 @@ class StepCache:
 
         bind("tgt_ids", self._tgt_ids[:rows])
         bind("positions", self._positions[:rows])
-        bind("src_mask", self._src_mask[: self.sources])
-        bind("source_queries", self._source_queries)
+        for group, prefix, cross_names in ((self.narrow, NARROW_PREFIX, self.narrow_names), (self.wide, "", self.cross_names)):
+            bind(f"{prefix}src_mask", group.mask[: group.bound])
+            bind(f"{prefix}source_queries", group.queries)
+            for name, buffer in zip(cross_names, group.cross, strict=True):
+                bind(name, buffer[: group.bound])
         bind("row_queries", self._row_queries[:rows])
         for past, present, buffer in zip(self.past_names, self.present_names, self._self_kv, strict=True):
             bind(past, buffer[:rows])
             bind(present, buffer[:rows], output=True)
-        for name, buffer in zip(self.cross_names, self._cross, strict=True):
-            bind(name, buffer[: self.sources])
         bind("log_probs", self._log_probs[:rows], output=True)
         if len(self._bindings) >= MAX_BINDINGS:
             self._bindings.clear()

@@ -287,7 +287,16 @@ image_labels() {
         git diff --quiet HEAD -- 2>/dev/null || revision="$revision-dirty"
     fi
     build_labels=(--build-arg "VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')"
-                  --build-arg "REVISION=$revision" --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null || true)")
+                  --build-arg "REVISION=$revision" --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null || true)"
+                  --build-arg "SOURCE_DIGEST=$(source_digest)")
+}
+
+# One digest of the files the images build nmt-serve's wheel from. buildah keeps a RUN layer whose bind mount comes from
+# another stage even after that stage's files changed (the mounted content is not part of its cache key), so an edited
+# checkout would get the wheel of an earlier build; a build argument's value is part of the key of every RUN after it.
+source_digest() {
+    find pyproject.toml README.md model export importers runtime bench server client protos -type f \
+        ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
 }
 
 up() {

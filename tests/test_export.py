@@ -22,6 +22,7 @@ from nmt_serve.model.transformer import ACTIVATION_FUNCTIONS
 from nmt_serve.runtime import step_cache
 from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
 from nmt_serve.runtime.source_layout import MIN_QUERIES
 
 
@@ -65,7 +66,9 @@ def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     for name in ("encoder.onnx", "decoder.onnx"):
         onnx.checker.check_model(str(fp32_dir / name))
     decoder_inputs = manifest.input_names("decoder")
-    assert list(decoder_inputs[:6]) == ["tgt_ids", "positions", "src_mask", "source_queries", "row_queries", "past_key_0"]
+    assert list(decoder_inputs[:8]) == ["tgt_ids", "positions", "src_mask", "source_queries", "row_queries", "narrow_src_mask",
+                                        "narrow_source_queries", "past_key_0"]  # fmt: skip
+    assert "narrow_cross_key_0" in decoder_inputs
     assert manifest.output_names("decoder")[:2] == ("log_probs", "present_key_0")
 
 
@@ -111,18 +114,19 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
     three, two = (np.array([0, 1, 2]), np.array([0, 1, 2])), (np.array([0, 1]), np.array([1, 0]))
     calls = [
         (three[0], np.full(3, -1), np.array([1, 1, 1])),
-        (three[0], three[1], np.array([20, 21, 22])),  # layout (3 rows, 3 sources, MIN_QUERIES queries)
-        (two[0], two[1], np.array([23, 24])),  # a source left, rows swapped: (2, 2, MIN_QUERIES)
-        (three[0], np.array([1, 0, -1]), np.array([25, 26, 1])),  # back to (3, 3, MIN_QUERIES): the kept binding
-        (two[0], two[1], np.array([27, 28])),  # and back to (2, 2, MIN_QUERIES)
+        # layout (3 rows, 3 short sources, no long one, MIN_QUERIES queries)
+        (three[0], three[1], np.array([20, 21, 22])),
+        (two[0], two[1], np.array([23, 24])),  # a source left, rows swapped: (2, 2, 0, MIN_QUERIES)
+        (three[0], np.array([1, 0, -1]), np.array([25, 26, 1])),  # back to (3, 3, 0, MIN_QUERIES): the kept binding
+        (two[0], two[1], np.array([27, 28])),  # and back to (2, 2, 0, MIN_QUERIES)
     ]
-    seen: dict[tuple[int, int, int], object] = {}
+    seen: dict[tuple[int, int, int, int], object] = {}
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
         bound = ort_step.cache._binding
         assert bound is not None
         assert seen.setdefault(bound.layout, bound.io_binding) is bound.io_binding  # one binding per layout, reused
-    assert set(seen) == {(3, 3, MIN_QUERIES), (2, 2, MIN_QUERIES)}
+    assert set(seen) == {(3, 3, 0, MIN_QUERIES), (2, 2, 0, MIN_QUERIES)}
 
 
 def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
@@ -198,8 +202,29 @@ def test_step_cache_source_absent_while_buffers_narrow_is_copied_again(fp32_dir:
     widths = []
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
-        widths.append(ort_step.cache._src_mask.shape[1])
+        widths.append(ort_step.cache.wide.width)
     assert widths == [step_cache.source_width(41), step_cache.MIN_SOURCE_WIDTH, step_cache.source_width(41)]  # 40 tokens and EOS, rounded up
+
+
+@pytest.mark.parametrize("dummy_places", [False, True])
+def test_step_cache_groups_short_and_long_sources(fp32_dir: Path, tiny_checkpoint: Path, dummy_places: bool) -> None:
+    """Sources of at most 16 tokens are read from the narrow group, the others from the wide one; a group no row reads
+    binds nothing on the CPU, or one dummy place (as on other execution providers). torch's log-probs hold either way,
+    with only short sources, both kinds, and only a long one."""
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[11, 12], list(range(5, 45)), [13]])
+    ort_step.cache.dummy_places = dummy_places
+    calls = [
+        (np.array([0, 2]), np.full(2, -1), np.array([1, 1])),
+        (np.array([0, 1, 2]), np.array([0, -1, 1]), np.array([20, 1, 21])),
+        (np.array([1]), np.array([1]), np.array([22])),
+    ]
+    bound = []
+    for call in calls:
+        np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
+        cache = ort_step.cache
+        assert cache.narrow.width == NARROW_SOURCE_WIDTH and cache.sources == len(set(call[0].tolist()))
+        bound.append((cache.narrow.bound, cache.wide.bound))
+    assert bound == ([(2, 1), (2, 1), (1, 1)] if dummy_places else [(2, 0), (2, 1), (0, 1)])
 
 
 def test_step_cache_narrows_once_a_whole_width_multiple_is_unused(fp32_dir: Path, tiny_checkpoint: Path) -> None:
@@ -214,7 +239,7 @@ def test_step_cache_narrows_once_a_whole_width_multiple_is_unused(fp32_dir: Path
     widths = []
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
-        widths.append(ort_step.cache._src_mask.shape[1])
+        widths.append(ort_step.cache.wide.width)
     assert widths == [48, 32, 32]
 
 
@@ -232,8 +257,10 @@ def test_fitted_width_narrows_when_the_spare_columns_are_unused(width: int, need
 
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:
     """Fused attention, no cache copies in the graph; a step writes one slot per row into the bound buffers."""
-    ops = {node.op_type for node in onnx.load(str(fp32_dir / "decoder.onnx")).graph.node}
-    assert {"GroupQueryAttention", "MultiHeadAttention"} <= ops and "Concat" not in ops
+    nodes = onnx.load(str(fp32_dir / "decoder.onnx")).graph.node
+    assert {"GroupQueryAttention", "MultiHeadAttention"} <= {node.op_type for node in nodes}
+    # The only Concat joins the two source groups' cross-attention results (rows x d_model), never a cache.
+    assert all(node.name.endswith(".cross_attn_both") for node in nodes if node.op_type == "Concat")
     ort_step = OrtStep(fp32_dir)
     ort_step.begin([[5, 6, 7], [8, 9]])
     ort_step(np.array([0, 1]), np.array([-1, -1]), np.array([1, 1]))

@@ -180,7 +180,8 @@ def test_load_model_dir_refuses_invalid_json(model_dir: Path) -> None:
 
 def test_load_model_dir_refuses_wrong_format_version(model_dir: Path) -> None:
     edit_manifest(model_dir, lambda raw: raw.update(format_version=7))
-    with pytest.raises(ModelDirError, match=r"manifest\.json: format_version 7 not supported \(this server reads 4\)$"):
+    with pytest.raises(ModelDirError, match=r"manifest\.json: format_version 7 not supported \(this server reads 5\); write the model dir "
+                                            r"again with nmt-export from its checkpoint$"):
         load_model_dir(model_dir)
 
 
