@@ -8,9 +8,10 @@ widen the cross-attention of every row to its width.
 
 A group holds per place (one source each): the cross K/V of every decoder layer, the source mask,
 the key of the source the place holds (its K/V are copied only into a place new to it) and the rows
-reading it (`queries`). A group no row reads still binds one place: a dummy whose single unmasked
-column holds whatever the place held, read by row 0, its result never gathered; the graph then never
-sees an empty batch (which not every execution provider's attention kernel accepts).
+reading it (`queries`). A group no row reads binds no place on the CPU, where MultiHeadAttention
+returns an empty batch at once; elsewhere (StepCache.dummy_places) it binds one dummy place whose
+unmasked columns hold whatever the place held, read by row 0, its result never gathered, so that no
+attention kernel meets an empty batch it may not accept.
 Torch-free: the server imports it.
 """
 
@@ -23,7 +24,8 @@ import numpy as np
 from nmt_serve.runtime.source_layout import SourceLayout
 
 # Sources of at most this many tokens (EOS included) sit in the narrow group. Measured on the default model's int8
-# decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row call cost 13-24% of it.
+# decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row call cost 13-24% of it. A multiple of
+# step_cache.SOURCE_WIDTH_MULTIPLE, as every bound width: a row's result must not depend on the group it sits in.
 NARROW_SOURCE_WIDTH = 16
 NARROW_PREFIX = "narrow_"
 NO_SOURCE = -1  # a place's key when it holds no source
