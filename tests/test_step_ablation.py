@@ -12,6 +12,8 @@ from nmt_serve.bench.step_ablation import (AS_EXPORTED, CROSS_ATTENTION, SELF_AT
                                            variant_models, variant_sessions)  # fmt: skip
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
+from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
+from nmt_serve.runtime.source_layout import MIN_QUERIES
 from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH
 
 
@@ -74,6 +76,20 @@ def test_without_log_softmax_the_call_returns_the_logits(int8_dir: Path, tmp_pat
     # log_softmax(logits) = logits - logsumexp(logits): the same row shifted by one constant.
     shift = bound["log-softmax"].log_probs - bound[AS_EXPORTED].log_probs
     np.testing.assert_allclose(shift, np.broadcast_to(shift[:, :1], shift.shape), rtol=0, atol=1e-4)
+
+
+def test_bound_decoder_groups_and_queries_sources_as_the_engine_does(int8_dir: Path) -> None:
+    """Short sources in the narrow group, the others in the wide one as wide as their longest; every source with
+    MIN_QUERIES queries as the step cache gives it; each row's result read back from a query of its own source."""
+    manifest = load_model_dir(int8_dir)
+    session = make_session(manifest.graph_path(int8_dir, "decoder"), ["CPUExecutionProvider"], 1)
+    inputs = BoundDecoder(session, manifest.config, Setting(rows=3, position=2), [40, 9, 25]).inputs
+    assert inputs["narrow_src_mask"].sum(axis=1).tolist() == [9] and inputs["narrow_cross_key_0"].shape[2] == NARROW_SOURCE_WIDTH
+    assert inputs["src_mask"].sum(axis=1).tolist() == [40, 25] and inputs["cross_key_0"].shape[2] == 48
+    queries = np.concatenate([inputs["narrow_source_queries"], inputs["source_queries"]])
+    assert queries.shape == (3, MIN_QUERIES)
+    for row in range(3):
+        assert queries.reshape(-1)[inputs["row_queries"][row]] == row
 
 
 def test_a_width_setting_cuts_the_sources_and_binds_them_that_wide(int8_dir: Path, tmp_path: Path) -> None:
