@@ -24,7 +24,7 @@ import numpy as np
 from nmt_serve.runtime.source_layout import SourceLayout
 
 # Sources of at most this many tokens (EOS included) sit in the narrow group. Measured on the default model's int8
-# decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row call cost 13-24% of it. A multiple of
+# decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row call cost 14-24% of it. A multiple of
 # step_cache.SOURCE_WIDTH_MULTIPLE, as every bound width: a row's result must not depend on the group it sits in.
 NARROW_SOURCE_WIDTH = 16
 NARROW_PREFIX = "narrow_"

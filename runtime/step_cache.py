@@ -268,7 +268,7 @@ class StepCache:
         """The wide group's width for sources of at most `longest` tokens (`fitted_width`).
 
         It narrows as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half of it is:
-        cross-attention reads every bound column, and in place each 16 unused ones cost 13-24% of a
+        cross-attention reads every bound column, and in place each 16 unused ones cost 14-24% of a
         32-row int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a
         copy of the live sources and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8
         long sources finish first, 1.15x-1.20x the tokens/s of narrowing at half the width; 8 with one,
