@@ -111,6 +111,33 @@ def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+@pytest.mark.parametrize("dummy_places", [False, True])
+def test_engine_short_and_long_sources_coming_and_going_equal_each_alone(runtime: Runtime, tiny_model_dir: Path, dummy_places: bool) -> None:
+    """Sources of at most 16 tokens and longer ones, greedy and beam, joining and leaving: the calls read the narrow
+    group alone, both groups, and the wide group alone, and every request equals itself decoded alone. With dummy
+    places (what other execution providers get) as without."""
+    engine = Engine(runtime)
+    engine._cache.dummy_places = dummy_places
+    long_a, long_c, long_e = list(range(4, 34)), list(range(30, 50)), list(range(10, 45))
+    plan = [(0, long_a, GREEDY_SHORT), (0, SOURCES[0], GREEDY_SHORT), (0, long_c, BEAM3), (7, SOURCES[3], GREEDY_LONG), (9, long_e, GREEDY_SHORT)]
+    jobs: list[tuple[Job, list[int], SearchOptions]] = []
+    groups = set()
+    for step in range(40):
+        for arrival, source, options in plan:
+            if arrival == step:
+                jobs.append((engine.submit(source, options), source, options))
+        if not engine.has_work:
+            break
+        engine.step()
+        cache = engine._cache
+        if cache.rows:
+            groups.add((cache.narrow.sources > 0, cache.wide.sources > 0))
+    assert groups == {(True, True), (False, True), (True, False)}
+    run_until_done(engine, [job for job, _, _ in jobs])
+    for job, source, options in jobs:
+        assert_same(job, alone(tiny_model_dir, source, options))
+
+
 def test_engine_narrows_its_source_buffers_once_a_long_source_leaves_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
     """Cross-attention runs over the bound source width: after a long source leaves, the StepCache and the
     engine's pool narrow to the live sources (a busy engine would otherwise pay for it until it idles)."""
