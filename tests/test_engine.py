@@ -139,22 +139,27 @@ def test_engine_short_and_long_sources_coming_and_going_equal_each_alone(runtime
 
 
 def test_engine_narrows_its_source_buffers_once_a_long_source_leaves_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
-    """Cross-attention runs over the bound source width: after a long source leaves, the StepCache and the
-    engine's pool narrow to the live sources (a busy engine would otherwise pay for it until it idles)."""
+    """Cross-attention runs over the bound source width: after a long source leaves, the StepCache's wide group
+    narrows to the longest live source and the engine's pool follows (a busy engine would otherwise pay for it until
+    it idles); with no long source left the idle wide group binds nothing."""
     engine = Engine(runtime)
-    long_source = list(range(4, 64))
-    plan = [(0, long_source, SearchOptions(max_output_tokens=2)), (0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (4, SOURCES[2], GREEDY_LONG)]
+    long_source, medium_source = list(range(4, 64)), list(range(20, 40))
+    plan = [(0, long_source, SearchOptions(max_output_tokens=2)), (0, medium_source, SearchOptions(max_output_tokens=5)),
+            (0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (6, SOURCES[2], GREEDY_LONG)]  # fmt: skip
     jobs: list[tuple[Job, list[int], SearchOptions]] = []
-    widths = []
-    for step in range(6):
+    widths, wide_places = [], []
+    for step in range(8):
         for arrival, source, options in plan:
             if arrival == step:
                 jobs.append((engine.submit(source, options), source, options))
         engine.step()
         widths.append(engine._cache.capacity[2])
-    # + EOS, rounded up to the source width multiple; the long request left after 2 steps
+        wide_places.append(engine._cache.wide.bound)
+    # + EOS, rounded up to the source width multiple; the long request left after 2 steps, the medium one after 5
     assert widths[0] == source_width(len(long_source) + 1) and jobs[0][0].done.is_set()
-    assert widths[-1] == MIN_SOURCE_WIDTH and engine._pool.width < len(long_source)  # the pool narrowed at the later join
+    assert widths[2] == source_width(len(medium_source) + 1)
+    assert wide_places[0] == 2 and wide_places[2] == 1 and wide_places[-1] == 0
+    assert engine._pool.width < len(long_source)  # the pool narrowed at the later join
     run_until_done(engine, [job for job, _, _ in jobs])
     for job, source, options in jobs:
         assert_same(job, alone(tiny_model_dir, source, options))

@@ -190,20 +190,21 @@ def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_
 
 
 def test_step_cache_source_absent_while_buffers_narrow_is_copied_again(fp32_dir: Path, tiny_checkpoint: Path) -> None:
-    """A 40-token source in the third place sits out a call of one short source (the buffers narrow to
-    16 columns and cut its K/V, its place keeps its key); when its rows come back it is copied whole
-    again, so torch's log-probs hold."""
-    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[11, 12], [13], list(range(5, 45))])
+    """A 40-token source in the third place sits out a call whose only long source has 20 tokens (the wide group
+    narrows to 32 columns and cuts its K/V, its place keeps its key); when its rows come back it is copied whole
+    again, so torch's log-probs hold. A call of short sources alone leaves the idle wide group as it is."""
+    torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[11, 12], list(range(50, 70)), list(range(5, 45))])
     calls = [
         (np.array([0, 1, 2]), np.full(3, -1), np.array([1, 1, 1])),
-        (np.array([0]), np.array([0]), np.array([20])),  # one short source: the width narrows
-        (np.array([0, 1, 2]), np.array([0, -1, -1]), np.array([21, 1, 1])),  # the long source is read again
+        (np.array([0]), np.array([0]), np.array([20])),  # short sources only: the wide group is idle and kept
+        (np.array([1]), np.array([-1]), np.array([1])),  # one 20-token source (a new row): the wide group narrows
+        (np.array([0, 1, 2]), np.array([-1, 0, -1]), np.array([1, 22, 1])),  # the long source is read again
     ]
     widths = []
     for call in calls:
         np.testing.assert_allclose(ort_step(*call), torch_step(*call), atol=1e-4)
         widths.append(ort_step.cache.wide.width)
-    assert widths == [step_cache.source_width(41), step_cache.MIN_SOURCE_WIDTH, step_cache.source_width(41)]  # 40 tokens and EOS, rounded up
+    assert widths == [48, 48, 32, 48]  # 40 tokens and EOS rounded up; 20 and EOS rounded up
 
 
 @pytest.mark.parametrize("dummy_places", [False, True])
