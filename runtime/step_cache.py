@@ -240,11 +240,18 @@ class StepCache:
         source keeps the place it had, so its K/V are copied only into a place new to it. Sources of at most
         NARROW_SOURCE_WIDTH tokens go to the narrow group, the rest to the wide one, whose width follows the call's
         longest source down as well as up (`_wide_width`)."""
-        lengths = pool_mask[slots].sum(axis=1)  # masks are True up to each source's end
-        is_narrow = lengths <= NARROW_SOURCE_WIDTH
-        wide_rows = np.flatnonzero(~is_narrow)
-        grouped = [(self.narrow, np.flatnonzero(is_narrow), NARROW_SOURCE_WIDTH),
-                   (self.wide, wide_rows, self._wide_width(int(lengths[wide_rows].max())) if len(wide_rows) else self._idle_wide_width())]  # fmt: skip
+        # Masks are True from a source's first token to its end: a source is longer than NARROW_SOURCE_WIDTH tokens
+        # exactly when its mask holds the next column, one column read per row rather than the whole width.
+        if pool_mask.shape[1] > NARROW_SOURCE_WIDTH:
+            is_wide = pool_mask[slots, NARROW_SOURCE_WIDTH]
+        else:
+            is_wide = np.zeros(len(slots), dtype=bool)
+        wide_rows = np.flatnonzero(is_wide)
+        if len(wide_rows):
+            wide_width = self._wide_width(int(pool_mask[slots[wide_rows]].sum(axis=1).max()))
+        else:
+            wide_width = self._idle_wide_width()
+        grouped = [(self.narrow, np.flatnonzero(~is_wide), NARROW_SOURCE_WIDTH), (self.wide, wide_rows, wide_width)]
         layouts = [source_layout(keys[rows], slots[rows], group.keys[: group.sources]) for group, rows, _ in grouped]
         # Both groups' places have as many queries: the graph concatenates their results before the rows gather theirs.
         queries = max(MIN_QUERIES, *(layout.source_queries.shape[1] for layout in layouts)) if len(keys) else 0

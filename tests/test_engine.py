@@ -112,14 +112,16 @@ def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny
 
 
 @pytest.mark.parametrize("dummy_places", [False, True])
-def test_engine_short_and_long_sources_coming_and_going_equal_each_alone(runtime: Runtime, tiny_model_dir: Path, dummy_places: bool) -> None:
+def test_engine_short_and_long_sources_coming_and_going_equal_each_alone(runtime: Runtime, tiny_model_dir: Path,
+                                                                         dummy_places: bool) -> None:
     """Sources of at most 16 tokens and longer ones, greedy and beam, joining and leaving: the calls read the narrow
     group alone, both groups, and the wide group alone, and every request equals itself decoded alone. With dummy
     places (what other execution providers get) as without."""
     engine = Engine(runtime)
     engine._cache.dummy_places = dummy_places
     long_a, long_c, long_e = list(range(4, 34)), list(range(30, 50)), list(range(10, 45))
-    plan = [(0, long_a, GREEDY_SHORT), (0, SOURCES[0], GREEDY_SHORT), (0, long_c, BEAM3), (7, SOURCES[3], GREEDY_LONG), (9, long_e, GREEDY_SHORT)]
+    plan = [(0, long_a, GREEDY_SHORT), (0, SOURCES[0], GREEDY_SHORT), (0, long_c, BEAM3), (7, SOURCES[3], GREEDY_LONG),
+            (9, long_e, GREEDY_SHORT)]  # fmt: skip
     jobs: list[tuple[Job, list[int], SearchOptions]] = []
     groups = set()
     for step in range(40):
