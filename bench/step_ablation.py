@@ -36,9 +36,9 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
-from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH
+from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, NARROW_PREFIX, NARROW_SOURCE_WIDTH, source_width
 from nmt_serve.runtime.source_layout import MIN_QUERIES
-from nmt_serve.runtime.step_cache import INITIAL_LENGTH, MIN_SOURCE_WIDTH, source_width
+from nmt_serve.runtime.step_cache import INITIAL_LENGTH
 
 logger = logging.getLogger(__name__)
 

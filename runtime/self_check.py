@@ -46,7 +46,7 @@ SELF_CHECK_BOUNDS = {"fp32": 1e-3, "int8": 0.05, "fp16": 0.1}
 EIGHT_BIT_SIGNED_SCHEMES = ("u8s8", "u8s8-fp32-logits", "u8s8-rows-vnni")
 # Precisions whose log-probs must not depend on the batch: the reference sentences teacher-forced each
 # alone and all packed in one batch must agree bit for bit (int8 quantizes each row with its own scale,
-# and every source width is a multiple of runtime/step_cache.py SOURCE_WIDTH_MULTIPLE). fp16 runs on
+# and every source width is a multiple of runtime/source_group.py SOURCE_WIDTH_MULTIPLE). fp16 runs on
 # CUDA kernels that choose their tiling by batch size, so it is checked against its bound only.
 BATCH_INVARIANT_PRECISIONS = ("fp32", "int8")
 

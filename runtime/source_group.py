@@ -1,4 +1,5 @@
-"""SourceGroup: one set of the buffers a decoder call's cross-attention reads its sources from.
+"""Source buffers: the widths every buffer of encoded sources follows (the step cache's groups and the engine's pool),
+and SourceGroup, one set of the buffers a decoder call's cross-attention reads its sources from.
 
 The decoder reads its sources in two groups (export/decoder_graph.py): the sources of at most
 NARROW_SOURCE_WIDTH tokens from buffers that many columns wide, the others from buffers as wide as
@@ -23,12 +24,38 @@ import numpy as np
 
 from nmt_serve.runtime.source_layout import SourceLayout
 
-# Sources of at most this many tokens (EOS included) sit in the narrow group. Measured on the default model's int8
-# decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row call cost 14-24% of it. A multiple of
-# step_cache.SOURCE_WIDTH_MULTIPLE, as every bound width: a row's result must not depend on the group it sits in.
-NARROW_SOURCE_WIDTH = 16
+# Source buffers are not narrowed below this width (a narrower call saves little and would rebind often).
+MIN_SOURCE_WIDTH = 16
+# Every source width the decoder sees (the cross-attention's key length) is a multiple of this. ONNX Runtime's
+# MultiHeadAttention sums a row's attention in an order that depends on the key length: measured, a row's
+# log-probs moved by up to 7.6e-6 when another row's longer source widened the call by a few tokens, and by 0
+# at every width that is a multiple of 8 (16 and 32 too). Masked positions add exact zeros, so a row's result
+# no longer depends on the rows it is batched with: what int8 with per-row scales needs to be batch-invariant.
+SOURCE_WIDTH_MULTIPLE = 16
+# Sources of at most this many tokens (EOS included) sit in the narrow group, in buffers of the narrowest width any
+# gets. Measured on the default model's int8 decoder (nmt-step-ablation --widths): each 16 unused columns of a 32-row
+# call cost 14-24% of it.
+NARROW_SOURCE_WIDTH = MIN_SOURCE_WIDTH
 NARROW_PREFIX = "narrow_"
 NO_SOURCE = -1  # a place's key when it holds no source
+
+
+def source_width(tokens: int) -> int:
+    """`tokens` rounded up to a multiple of SOURCE_WIDTH_MULTIPLE: the width a source buffer of them gets."""
+    return -(-tokens // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
+
+
+def fitted_width(width_cap: int, needed: int, spare: int | None = None) -> int:
+    """The width source buffers (and the engine's pool of encoded sources) should have for sources of at
+    most `needed` tokens: grown to fit, narrowed to `needed` (not below MIN_SOURCE_WIDTH) once at least
+    `spare` tokens of the width are unused (default: half of it), else kept as it is; always a multiple
+    of SOURCE_WIDTH_MULTIPLE."""
+    needed = source_width(needed)
+    if needed > width_cap:
+        return needed
+    if width_cap > MIN_SOURCE_WIDTH and width_cap - needed >= (width_cap // 2 if spare is None else spare):
+        return max(needed, MIN_SOURCE_WIDTH)
+    return width_cap
 
 
 def narrow_name(cross_name: str) -> str:
@@ -48,8 +75,9 @@ def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[
 
 
 class SourceGroup:
-    def __init__(self, tensors: int, n_heads: int, head_dim: int, initial_places: int) -> None:
-        self.n_heads, self.head_dim, self.initial_places = n_heads, head_dim, initial_places
+    def __init__(self, tensors: int, n_heads: int, head_dim: int, initial_places: int, fixed_width: int | None = None) -> None:
+        """fixed_width: every call binds the buffers this wide (the narrow group); None: as wide as `width_for` says."""
+        self.n_heads, self.head_dim, self.initial_places, self.fixed_width = n_heads, head_dim, initial_places, fixed_width
         self.cross = [np.zeros((0, n_heads, 0, head_dim), dtype=np.float32) for _ in range(tensors)]  # (places, H, width, Dh) each
         self.mask = np.zeros((0, 0), dtype=bool)
         self.keys = np.zeros(0, dtype=np.int64)  # per place: the key of the source it holds, NO_SOURCE for none
@@ -70,6 +98,26 @@ class SourceGroup:
         """No place holds a source any more (the caller's pool slots are about to be reused)."""
         self.keys[:] = NO_SOURCE
         self.sources = self.bound = 0
+
+    def width_for(self, longest: int | None) -> int:
+        """The width for a call whose longest source in this group has `longest` tokens (None: no row reads the group).
+
+        A group of fitted width narrows as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half
+        of it is: cross-attention reads every bound column, and in place each 16 unused ones cost 14-24% of a 32-row
+        int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a copy of the live sources
+        and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8 long sources finish first, 1.15x-1.20x
+        the tokens/s of narrowing at half the width; 8 with one, 1.04x; in an open loop at 70% and 90% of capacity, the
+        same tokens/s and median latency, p99 0.112 / 0.183 s against 0.146 / 0.248 s.
+
+        A group no row reads keeps its width (at least MIN_SOURCE_WIDTH): narrowing it saves no compute (it binds no
+        place, or one dummy) and replacing its buffers drops every IO binding kept: in 15 s of open loop (270 requests/s
+        of test sentences) the bindings were dropped 554 times when the wide group narrowed whenever its last long
+        source left (and widened when the next came), 46 times with this rule."""
+        if self.fixed_width is not None:
+            return self.fixed_width
+        if longest is None:
+            return max(self.width, MIN_SOURCE_WIDTH)
+        return fitted_width(self.width, longest, spare=SOURCE_WIDTH_MULTIPLE)
 
     def fit(self, places: int, width: int) -> bool:
         """Buffers for `places` places (doubling when too few) exactly `width` columns wide. A place whose source is

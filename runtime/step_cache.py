@@ -43,14 +43,6 @@ KEEP_BYTES = 64 << 20
 # Moves of at most this many rows x slots copy every used slot (cheaper than finding the slots a row
 # already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
 SMALL_COPY_SLOTS = 64
-# Source buffers are not narrowed below this width (a narrower call saves little and would rebind often).
-MIN_SOURCE_WIDTH = 16
-# Every source width the decoder sees (the cross-attention's key length) is a multiple of this. ONNX Runtime's
-# MultiHeadAttention sums a row's attention in an order that depends on the key length: measured, a row's
-# log-probs moved by up to 7.6e-6 when another row's longer source widened the call by a few tokens, and by 0
-# at every width that is a multiple of 8 (16 and 32 too). Masked positions add exact zeros, so a row's result
-# no longer depends on the rows it is batched with: what int8 with per-row scales needs to be batch-invariant.
-SOURCE_WIDTH_MULTIPLE = 16
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, narrow places, wide places, queries) layout met since the buffers last moved
 
 
@@ -59,24 +51,6 @@ class Binding:
     io_binding: ort.IOBinding
     layout: tuple[int, int, int, int]  # (rows, narrow places, wide places, queries)
     candidates: tuple[int, int] = (-1, -1)  # (candidate rows, candidates per row) bound
-
-
-def source_width(tokens: int) -> int:
-    """`tokens` rounded up to a multiple of SOURCE_WIDTH_MULTIPLE: the width a source buffer of them gets."""
-    return -(-tokens // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
-
-
-def fitted_width(width_cap: int, needed: int, spare: int | None = None) -> int:
-    """The width source buffers (and the engine's pool of encoded sources) should have for sources of at
-    most `needed` tokens: grown to fit, narrowed to `needed` (not below MIN_SOURCE_WIDTH) once at least
-    `spare` tokens of the width are unused (default: half of it), else kept as it is; always a multiple
-    of SOURCE_WIDTH_MULTIPLE."""
-    needed = source_width(needed)
-    if needed > width_cap:
-        return needed
-    if width_cap > MIN_SOURCE_WIDTH and width_cap - needed >= (width_cap // 2 if spare is None else spare):
-        return max(needed, MIN_SOURCE_WIDTH)
-    return width_cap
 
 
 class StepCache:
@@ -123,7 +97,7 @@ class StepCache:
         self.sources_copied = 0  # sources whose cross K/V were copied into a place, in all
         # The call's sources: those of at most NARROW_SOURCE_WIDTH tokens in the narrow group, the rest in the wide one
         # (runtime/source_group.py).
-        self.narrow = SourceGroup(len(self.cross_names), self.n_heads, self.head_dim, INITIAL_ROWS)
+        self.narrow = SourceGroup(len(self.cross_names), self.n_heads, self.head_dim, INITIAL_ROWS, fixed_width=NARROW_SOURCE_WIDTH)
         self.wide = SourceGroup(len(self.cross_names), self.n_heads, self.head_dim, INITIAL_ROWS)
         self._positions = np.zeros(0, dtype=np.int64)  # per row: tokens cached = position of the token it is fed next
         self._tgt_ids = np.zeros((0, 1), dtype=np.int64)
@@ -239,7 +213,7 @@ class StepCache:
         """Give each source read by the call a place in its group and map rows to sources (runtime/source_layout.py): a
         source keeps the place it had, so its K/V are copied only into a place new to it. Sources of at most
         NARROW_SOURCE_WIDTH tokens go to the narrow group, the rest to the wide one, whose width follows the call's
-        longest source down as well as up (`_wide_width`)."""
+        longest source down as well as up (`SourceGroup.width_for`)."""
         # Masks are True from a source's first token to its end: a source is longer than NARROW_SOURCE_WIDTH tokens
         # exactly when its mask holds the next column, one column read per row rather than the whole width.
         if pool_mask.shape[1] > NARROW_SOURCE_WIDTH:
@@ -247,19 +221,16 @@ class StepCache:
         else:
             is_wide = np.zeros(len(slots), dtype=bool)
         wide_rows = np.flatnonzero(is_wide)
-        if len(wide_rows):
-            wide_width = self._wide_width(int(pool_mask[slots[wide_rows]].sum(axis=1).max()))
-        else:
-            wide_width = self._idle_wide_width()
-        grouped = [(self.narrow, np.flatnonzero(~is_wide), NARROW_SOURCE_WIDTH), (self.wide, wide_rows, wide_width)]
+        longest_wide = int(pool_mask[slots[wide_rows]].sum(axis=1).max()) if len(wide_rows) else None
+        grouped = [(self.narrow, np.flatnonzero(~is_wide), None), (self.wide, wide_rows, longest_wide)]
         layouts = [source_layout(keys[rows], slots[rows], group.keys[: group.sources]) for group, rows, _ in grouped]
         # Both groups' places have as many queries: the graph concatenates their results before the rows gather theirs.
         queries = max(MIN_QUERIES, *(layout.source_queries.shape[1] for layout in layouts)) if len(keys) else 0
         offset = 0
         dummy = self.dummy_places and len(keys) > 0
-        for (group, rows, width), layout in zip(grouped, layouts, strict=True):
+        for (group, rows, longest), layout in zip(grouped, layouts, strict=True):
             places = len(layout.source_keys)
-            if group.fit(max(places, int(dummy)), width):
+            if group.fit(max(places, int(dummy)), group.width_for(longest)):
                 self._forget_bindings()
             self.sources_copied += group.fill(layout, pool_cross, pool_mask)
             if group.bind_queries(self._group_queries(layout, rows, queries, dummy)):
@@ -271,25 +242,6 @@ class StepCache:
             self._row_queries[rows] = (offset + place) * queries + rank
             offset += group.bound
         self._row_keys = keys.copy()
-
-    def _wide_width(self, longest: int) -> int:
-        """The wide group's width for sources of at most `longest` tokens (`fitted_width`).
-
-        It narrows as soon as a whole SOURCE_WIDTH_MULTIPLE of the width is unused, not when half of it is:
-        cross-attention reads every bound column, and in place each 16 unused ones cost 14-24% of a
-        32-row int8 call (nmt-step-ablation --widths, AMD EPYC with AVX-512 VNNI). Narrowing costs a
-        copy of the live sources and a rebind. Measured there, interleaved: 32 greedy requests whose 2 or 8
-        long sources finish first, 1.15x-1.20x the tokens/s of narrowing at half the width; 8 with one,
-        1.04x; in an open loop at 70% and 90% of capacity, the same tokens/s and median latency, p99
-        0.112 / 0.183 s against 0.146 / 0.248 s."""
-        return fitted_width(self.wide.width, longest, spare=SOURCE_WIDTH_MULTIPLE)
-
-    def _idle_wide_width(self) -> int:
-        """The wide group's width while no row reads it: kept as it is (at least MIN_SOURCE_WIDTH). Narrowing an idle
-        group saves no compute (it binds no place, or one dummy) and replacing its buffers drops every IO binding kept:
-        in 15 s of open loop (270 requests/s of test sentences) the bindings were dropped 554 times when the wide group
-        narrowed whenever its last long source left (and widened when the next came), 46 times with this rule."""
-        return max(self.wide.width, MIN_SOURCE_WIDTH)
 
     @staticmethod
     def _group_queries(layout: SourceLayout, rows: np.ndarray, queries: int, dummy: bool) -> np.ndarray:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from nmt_serve.model.search import Hypothesis, SearchOptions, generate
 from nmt_serve.runtime.ort_step import OrtStep
-from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH, StepCache, source_width
+from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, source_width
+from nmt_serve.runtime.step_cache import StepCache
 from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome
 from nmt_serve.server.engine.row_placement import place_rows_numpy, place_rows_python

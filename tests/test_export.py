@@ -19,7 +19,7 @@ from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.config import ACTIVATIONS
 from nmt_serve.model.torch_step import TorchStep
 from nmt_serve.model.transformer import ACTIVATION_FUNCTIONS
-from nmt_serve.runtime import step_cache
+from nmt_serve.runtime import source_group, step_cache
 from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
@@ -132,13 +132,13 @@ def test_step_cache_reuses_the_binding_of_a_layout_it_returns_to(fp32_dir: Path,
 def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
     """`grown`: the old array in the corner of the new shape, the fill elsewhere; `kept` carries fewer leading rows."""
     block = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + 1
-    whole = step_cache.grown(block, (2, 5, 6))
+    whole = source_group.grown(block, (2, 5, 6))
     assert np.array_equal(whole[:, :3, :4], block) and not whole[:, 3:].any() and not whole[:, :, 4:].any()
-    live = step_cache.grown(block, (2, 5, 6), kept=(2, 1))  # both tensors, the first row only
+    live = source_group.grown(block, (2, 5, 6), kept=(2, 1))  # both tensors, the first row only
     assert np.array_equal(live[:, :1, :4], block[:, :1]) and not live[:, 1:].any()
-    keys = step_cache.grown(np.array([7, 8]), (4,), fill=-1)
+    keys = source_group.grown(np.array([7, 8]), (4,), fill=-1)
     assert keys.tolist() == [7, 8, -1, -1]
-    narrowed = step_cache.grown(block, (4, 3, 2))  # more rows, a narrower last axis: what fits is carried
+    narrowed = source_group.grown(block, (4, 3, 2))  # more rows, a narrower last axis: what fits is carried
     assert np.array_equal(narrowed[:2], block[:, :, :2]) and not narrowed[2:].any()
 
 
@@ -245,15 +245,15 @@ def test_step_cache_narrows_once_a_whole_width_multiple_is_unused(fp32_dir: Path
 
 
 @pytest.mark.parametrize(("width", "needed", "spare", "fitted"), [
-    (48, 21, step_cache.SOURCE_WIDTH_MULTIPLE, 32),  # the step cache: 16 columns free are enough
+    (48, 21, source_group.SOURCE_WIDTH_MULTIPLE, 32),  # the step cache: 16 columns free are enough
     (48, 21, None, 48),  # the engine's pool: it waits for half the width
     (48, 10, None, 16),
-    (48, 41, step_cache.SOURCE_WIDTH_MULTIPLE, 48),
-    (32, 10, step_cache.SOURCE_WIDTH_MULTIPLE, step_cache.MIN_SOURCE_WIDTH),
+    (48, 41, source_group.SOURCE_WIDTH_MULTIPLE, 48),
+    (32, 10, source_group.SOURCE_WIDTH_MULTIPLE, source_group.MIN_SOURCE_WIDTH),
     (16, 40, None, 48),  # grown to fit, rounded up
 ])  # fmt: skip
 def test_fitted_width_narrows_when_the_spare_columns_are_unused(width: int, needed: int, spare: int | None, fitted: int) -> None:
-    assert step_cache.fitted_width(width, needed, spare) == fitted
+    assert source_group.fitted_width(width, needed, spare) == fitted
 
 
 def test_export_decoder_extends_the_cache_in_place(fp32_dir: Path) -> None:

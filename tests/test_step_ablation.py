@@ -12,9 +12,8 @@ from nmt_serve.bench.step_ablation import (AS_EXPORTED, CROSS_ATTENTION, SELF_AT
                                            variant_models, variant_sessions)  # fmt: skip
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
-from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
+from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, NARROW_SOURCE_WIDTH
 from nmt_serve.runtime.source_layout import MIN_QUERIES
-from nmt_serve.runtime.step_cache import MIN_SOURCE_WIDTH
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nmt_serve.runtime.source_group import grown
-from nmt_serve.runtime.step_cache import fitted_width
+from nmt_serve.runtime.source_group import fitted_width, grown
 
 
 class SourcePool:
