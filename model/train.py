@@ -32,6 +32,7 @@ from nmt_serve.model.cpu_memory import bound_heap, bound_kernel_cache
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.file_hash import sha256_file
+from nmt_serve.model.grow import STACK_ORDERS, grow_encoder
 from nmt_serve.model.loss import LossFunction, accumulate_gradients, batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
@@ -198,14 +199,26 @@ class Trainer:
         )
         logger.warning("no %s/ resume state: restarting from the best weights at step %d with a fresh optimizer", LAST_DIR, step)
 
-    def initialize_from(self, source: Path) -> dict[str, Any]:
+    def initialize_from(self, source: Path, stack_order: str = "cycle") -> dict[str, Any]:
         """Start from another checkpoint's weights (fine-tuning on a new corpus): a new run from step 0, so the
-        learning rate warms up again and the validations and best score are this corpus's own."""
-        self.model.load_state_dict({name: tensor.float() for name, tensor in load_file(str(source / WEIGHTS_FILE)).items()})
+        learning rate warms up again and the validations and best score are this corpus's own. Where this
+        model has more encoder layers than the source, the new ones start as copies of trained ones."""
+        state = {name: tensor.float() for name, tensor in load_file(str(source / WEIGHTS_FILE)).items()}
+        source_layers = ModelConfig.load(source / "config.json").n_encoder_layers
+        target_layers = self.model.config.n_encoder_layers
+        grown = None
+        if target_layers != source_layers:
+            state = grow_encoder(state, source_layers, target_layers, stack_order)
+            grown = {"encoder_layers": [source_layers, target_layers], "stack_order": stack_order}
+            logger.info("encoder grown from %d to %d layers (%s)", source_layers, target_layers, stack_order)
+        self.model.load_state_dict(state)
         origin = load_train_info(source)
         logger.info("initialized from the weights in %s", source)
-        return {"dir": str(source), "weights_sha256": sha256_file(source / WEIGHTS_FILE), "version": origin.get("shipped", {}).get("version"),
-                "steps": origin.get("steps"), "corpus": origin.get("corpus")}  # fmt: skip
+        record = {"dir": str(source), "weights_sha256": sha256_file(source / WEIGHTS_FILE), "version": origin.get("shipped", {}).get("version"),
+                  "steps": origin.get("steps"), "corpus": origin.get("corpus")}  # fmt: skip
+        if grown:
+            record["grown"] = grown
+        return record
 
     def save_snapshot(self) -> None:
         """Weights of this validation for checkpoint averaging; only the newest `keep_snapshots` stay."""
@@ -362,6 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last exactly, or without it from the best weights in OUT")
     parser.add_argument("--init-from", type=Path,
                         help="checkpoint dir whose weights, config and tokenizer a new run starts from (fine-tuning on another corpus)")  # fmt: skip
+    parser.add_argument("--encoder-layers", type=int, default=0,
+                        help="with --init-from: encoder layers of the new model (more than the source's: the added ones copy trained layers)")
+    parser.add_argument("--stack-order", choices=STACK_ORDERS, default="cycle",
+                        help="which trained layer each grown encoder layer copies: cycle 0,1,2,0,1,2; repeat 0,0,1,1,2,2")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto = CUDA when torch sees a GPU, else CPU")
     for item in dataclasses.fields(TrainSettings):
@@ -411,6 +428,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = dataclasses.replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size)
     if args.resume or initialize:
         config = ModelConfig.load(args.init_from / "config.json" if initialize else args.out / (LAST_DIR if exact else "") / "config.json")
+    if args.encoder_layers:
+        if not initialize:
+            parser.error("--encoder-layers grows the model of --init-from; a resumed run keeps its own layers")
+        try:
+            config = dataclasses.replace(config, n_encoder_layers=args.encoder_layers)
+        except ValueError as error:
+            parser.error(f"--encoder-layers: {error}")
+        if args.encoder_layers < ModelConfig.load(args.init_from / "config.json").n_encoder_layers:
+            parser.error(f"--encoder-layers {args.encoder_layers}: fewer than the checkpoint's; layers are only added")
     if settings.dropout >= 0.0:
         # Dropout changes training only; the exported graphs never see it.
         try:
@@ -424,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.resume:
         trainer.restart_from_best(record)
     elif initialize:
-        record["initialized_from"] = trainer.initialize_from(args.init_from)
+        record["initialized_from"] = trainer.initialize_from(args.init_from, args.stack_order)
     record.update(
         preset=args.preset,
         config=config.to_dict(),

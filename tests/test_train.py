@@ -15,6 +15,7 @@ from nmt_serve.model.batching import make_batch, plan_batches
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.device import native_bf16, pick_device
 from nmt_serve.model.evaluate import main as eval_main
+from nmt_serve.model.grow import source_layer_order
 from nmt_serve.model.train import TrainSettings, learning_rate
 from nmt_serve.model.train import main as train_main
 
@@ -287,6 +288,44 @@ def test_init_from_starts_a_new_run_from_another_checkpoints_weights_and_tokeniz
     assert info["steps"] == 1 and [point[0] for point in info["loss_curve"]] == [1]
     assert info["initialized_from"]["dir"] == str(tiny_checkpoint)
     assert len(info["initialized_from"]["weights_sha256"]) == 64
+
+
+@pytest.mark.parametrize("order, copies", [("cycle", [0, 1, 0, 1]), ("repeat", [0, 0, 1, 1])])
+def test_init_from_with_more_encoder_layers_copies_trained_layers_in_the_stack_order(tiny_checkpoint: Path, tiny_corpus: dict[str, Path],
+                                                                                     tmp_path: Path, order: str, copies: list[int]) -> None:  # fmt: skip
+    """A 2-layer encoder grown to 4 (a zero learning rate keeps the copies as they were made); the decoder is untouched."""
+    out = tmp_path / "grown"
+    args = [*train_args(tiny_corpus, out, 1), "--init-from", str(tiny_checkpoint), "--peak-lr", "0", "--encoder-layers", "4", "--stack-order", order]
+    assert train_main(args) == 0
+    source, grown = load_file(str(tiny_checkpoint / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    for name, tensor in grown.items():
+        if name.startswith("encoder_layers."):
+            index, suffix = name.split(".", 2)[1:]
+            assert torch.equal(tensor, source[f"encoder_layers.{copies[int(index)]}.{suffix}"]), name
+        else:
+            assert torch.equal(tensor, source[name]), name
+    assert {name.split(".")[1] for name in grown if name.startswith("encoder_layers.")} == {"0", "1", "2", "3"}
+    info = json.loads((out / "train.json").read_text())
+    assert info["config"]["n_encoder_layers"] == 4 and info["config"]["n_decoder_layers"] == 2
+    assert info["initialized_from"]["grown"] == {"encoder_layers": [2, 4], "stack_order": order}
+    assert load_checkpoint(out).config.n_encoder_layers == 4
+
+
+def test_stack_orders_name_the_trained_layer_each_new_one_copies() -> None:
+    assert source_layer_order(3, 6, "cycle") == [0, 1, 2, 0, 1, 2]
+    assert source_layer_order(3, 6, "repeat") == [0, 0, 1, 1, 2, 2]
+    assert source_layer_order(3, 5, "repeat") == [0, 0, 1, 1, 2] and source_layer_order(3, 3, "cycle") == [0, 1, 2]
+    with pytest.raises(ValueError, match="fewer than the checkpoint's 3"):
+        source_layer_order(3, 2, "cycle")
+    with pytest.raises(ValueError, match="use one of cycle, repeat"):
+        source_layer_order(3, 6, "zigzag")
+
+
+def test_encoder_layers_without_init_from_is_refused(tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with pytest.raises(SystemExit):
+        train_main([*train_args(tiny_corpus, tmp_path / "run", 1), "--encoder-layers", "4"])
+    assert "--encoder-layers grows the model of --init-from" in capsys.readouterr().err
 
 
 def test_init_from_with_resume_of_a_run_without_its_resume_state_is_refused(tiny_checkpoint: Path, tiny_corpus: dict[str, Path],
