@@ -25,8 +25,9 @@ require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.engine_bench import sample_sources, time_cells
 from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
-from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_spec
+from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_data_files, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
+from nmt_serve.export.shared_weights import share_weights
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
@@ -43,6 +44,7 @@ def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in (ENCODER_FILE, DECODER_FILE):
         convert_to_int8(fp32_dir / name, out / name, scheme)
+    share_weights(out, (ENCODER_FILE, DECODER_FILE))  # laid out as nmt-export lays out its dirs
     # An imported model's target_tokenizer.json comes along: its decoding needs it.
     tokenizers = tokenizer_files(fp32_dir)
     for name in tokenizers:
@@ -50,7 +52,7 @@ def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path) -> Path:
     fp32 = load_model_dir(fp32_dir)
     manifest = dataclasses.replace(fp32, precision="int8", files={}, parity={},
                                    graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)})  # fmt: skip
-    write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, *tokenizers])
+    write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, *graph_data_files(out), *tokenizers])
     return out
 
 

@@ -44,7 +44,10 @@ def optimized_decoder(decoder_path: Path, threads: int) -> onnx.ModelProto:
         options.intra_op_num_threads = threads
         options.log_severity_level = 3  # the optimised file's "hardware specific" warning is expected here
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        ort.InferenceSession(str(decoder_path), options, providers=["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"])
+        # From bytes with every weight read in: an optimised file written from a graph that points into the model
+        # dir's shared_weights.bin would point there from the temporary dir.
+        graph = onnx.load(str(decoder_path)).SerializeToString()
+        ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"])
         return onnx.load(options.optimized_model_filepath)
 
 

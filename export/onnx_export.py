@@ -25,6 +25,7 @@ from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.exact_halves import store_file_exact_halves
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
+from nmt_serve.export.shared_weights import SHARED_WEIGHTS_FILE, share_weights
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
 from nmt_serve.model.languages import LANGUAGES_FILE
 from nmt_serve.model.tokenizer import tokenizer_files
@@ -89,6 +90,9 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int
                 convert_precision(fp32_dir / name, out / name, precision, int8_scheme)
             timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
             onnx.checker.check_model(str(out / name))
+    started = time.perf_counter()
+    share_weights(out, (ENCODER_FILE, DECODER_FILE))
+    timings["share_weights"] = round(time.perf_counter() - started, 2)
     return timings
 
 
@@ -100,6 +104,7 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / SHARED_WEIGHTS_FILE).unlink(missing_ok=True)  # a dir written again shares what its new graphs share, if anything
     timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme)
     # A multilingual model's languages.json travels with its tokenizer: requests name languages through it.
     tokenizers = [*tokenizer_files(checkpoint_dir), *([LANGUAGES_FILE] if (checkpoint_dir / LANGUAGES_FILE).is_file() else [])]
@@ -114,13 +119,18 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                     "checkpoint": str(checkpoint_dir), "export_seconds": timings, **({"int8_scheme": int8_scheme} if precision == "int8" else {})},
     )  # fmt: skip
-    files = [ENCODER_FILE, DECODER_FILE, *tokenizers]
+    files = [ENCODER_FILE, DECODER_FILE, *graph_data_files(out), *tokenizers]
     manifest = write_manifest(out, manifest, files)
     step = OrtStep(out)
     write_reference(out, step.encode, step, step.cache, checkpoint.config, precision, checkpoint.tokenizer.encode_batch(list(check_texts)))
     manifest = write_manifest(out, manifest, [*files, SELF_CHECK_FILE])
     logger.info("exported %s (%s) in %.1f s: %s", out, precision, sum(timings.values()), file_sizes(out))
     return manifest
+
+
+def graph_data_files(directory: Path) -> list[str]:
+    """The weights file the graphs share, where they share one: hashed in the manifest like the graphs."""
+    return [SHARED_WEIGHTS_FILE] if (directory / SHARED_WEIGHTS_FILE).is_file() else []
 
 
 def file_sizes(directory: Path) -> dict[str, str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from nmt_serve.export.exact_halves import expand_exact_halves, has_external_weights
+from nmt_serve.export.shared_weights import inline_shared_weights
 from nmt_serve.export.graph_links import readers, writers
 from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 
@@ -156,8 +157,11 @@ def convert_to_int8(source: Path, target: Path, scheme: str = DEFAULT_INT8_SCHEM
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         fp32 = onnx.load(str(source), load_external_data=False)  # read once: for external data and for halves
+        # An fp32 dir's shared tables go back into the graph, so it is converted as a graph holding its own weights.
+        inlined = inline_shared_weights(fp32, source.parent)
         external = has_external_weights(fp32)
-        if not external and expand_exact_halves(fp32):  # quantization finds weights only as float32 initializers
+        expanded = not external and expand_exact_halves(fp32)  # quantization finds weights only as float32 initializers
+        if expanded or inlined:
             source = Path(tmp) / "float32.onnx"
             onnx.save(fp32, str(source))
         # The pre-processing folds the tied output projection (a Transpose of the embedding) into a second copy of

@@ -62,7 +62,7 @@ def test_write_activation_refuses_an_unknown_activation() -> None:
 def test_export_writes_a_verified_model_dir(fp32_dir: Path) -> None:
     manifest = load_model_dir(fp32_dir)
     assert manifest.precision == "fp32"
-    assert set(manifest.files) == {"encoder.onnx", "decoder.onnx", "tokenizer.json", "self_check.json"}
+    assert set(manifest.files) == {"encoder.onnx", "decoder.onnx", "shared_weights.bin", "tokenizer.json", "self_check.json"}
     for name in ("encoder.onnx", "decoder.onnx"):
         onnx.checker.check_model(str(fp32_dir / name))
     decoder_inputs = manifest.input_names("decoder")
