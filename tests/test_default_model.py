@@ -35,6 +35,32 @@ def test_default_checkpoint_records_its_test_scores() -> None:
     assert (CHECKPOINT / "model.safetensors").stat().st_size < 40e6
 
 
+ARTIFACT_BUDGET_BYTES = 100_000_000  # everything shipped under artifacts/, both models in all their forms
+
+
+SHIPPED_MODELS = ("de-en-small", "de-en-multi30k")
+CHECKPOINT_FILES = ("CREDITS.md", "config.json", "model.safetensors", "tokenizer.json", "train.json")
+
+
+def test_shipped_artifacts_stay_within_their_budget() -> None:
+    """The shipped files only: each checkpoint dir's own and what its two model dirs' manifests list (not the
+    hypotheses nmt-eval leaves beside a checkpoint, nor an fp16 dir `make gpu-check` exports there)."""
+    files = []
+    for model in SHIPPED_MODELS:
+        checkpoint = ROOT / "artifacts" / model
+        files += [checkpoint / name for name in CHECKPOINT_FILES]
+        for model_dir in (checkpoint / "onnx-fp32", checkpoint / "onnx-int8"):
+            files += [model_dir / "manifest.json", *(model_dir / name for name in load_model_dir(model_dir, verify_hashes=False).files)]
+    assert sum(path.stat().st_size for path in files) <= ARTIFACT_BUDGET_BYTES
+
+
+def test_default_model_dirs_store_the_tied_embedding_once() -> None:
+    for model_dir in MODEL_DIRS.values():
+        manifest = load_model_dir(model_dir)
+        assert "shared_weights.bin" in manifest.files
+        assert (model_dir / "shared_weights.bin").stat().st_size >= 8000 * 256  # the embedding table, at least one byte a value
+
+
 def test_default_checkpoint_credits_the_corpora_it_was_trained_on() -> None:
     info = json.loads((CHECKPOINT / "train.json").read_text())
     assert set(info["credits"]) == {"multi30k", "tatoeba"} and info["legs"] and info["initialized_from"]["weights_sha256"]
