@@ -27,8 +27,8 @@ from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
 from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_data_files, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
-from nmt_serve.export.shared_weights import share_weights
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
+from nmt_serve.export.shared_weights import share_weights
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.tokenizer import tokenizer_files
