@@ -104,7 +104,6 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SHARED_WEIGHTS_FILE).unlink(missing_ok=True)  # a dir written again shares what its new graphs share, if anything
     timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme)
     # A multilingual model's languages.json travels with its tokenizer: requests name languages through it.
     tokenizers = [*tokenizer_files(checkpoint_dir), *([LANGUAGES_FILE] if (checkpoint_dir / LANGUAGES_FILE).is_file() else [])]

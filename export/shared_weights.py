@@ -37,38 +37,37 @@ def tensor_key(tensor: onnx.TensorProto) -> TensorKey:
 def share_weights(directory: Path, graph_files: Sequence[str]) -> int:
     """Move every initializer found with the same type, shape and bytes in two or more of `graph_files`
     into `directory/SHARED_WEIGHTS_FILE`; rewrite the graphs to point there. Returns the bytes saved (0, and
-    nothing written, when there is nothing to share or a graph already keeps external data of its own)."""
+    nothing written, when there is nothing to share or a graph already keeps external data of its own).
+    A SHARED_WEIGHTS_FILE left by graphs written before is replaced, or removed when nothing is shared."""
     models = {name: onnx.load(str(directory / name), load_external_data=False) for name in graph_files}
     if any(uses_external_data(tensor) for model in models.values() for tensor in model.graph.initializer):
-        return 0  # a model past protobuf's 2 GB already has its own data file; leave its layout alone
+        return 0  # a model past protobuf's 2 GB already has its own data file (or these graphs share one): leave it
+    (directory / SHARED_WEIGHTS_FILE).unlink(missing_ok=True)  # no graph points into a file left from before
+    # Each tensor's key once (a hash of its bytes), with the graph that holds it.
+    keyed = [(name, tensor, tensor_key(tensor)) for name, model in models.items()
+             for tensor in model.graph.initializer if len(tensor.raw_data) >= MIN_SHARED_BYTES]  # fmt: skip
     holders: dict[TensorKey, set[str]] = {}
-    for name, model in models.items():
-        for tensor in model.graph.initializer:
-            if len(tensor.raw_data) >= MIN_SHARED_BYTES:
-                holders.setdefault(tensor_key(tensor), set()).add(name)
-    shared = [key for key, names in holders.items() if len(names) > 1]
+    for name, _, key in keyed:
+        holders.setdefault(key, set()).add(name)
+    shared = {key for key, names in holders.items() if len(names) > 1}
     if not shared:
         return 0
     offsets: dict[TensorKey, tuple[int, int]] = {}
     saved = 0
     with open(directory / SHARED_WEIGHTS_FILE, "wb") as data:
-        for name, model in models.items():
-            for tensor in model.graph.initializer:
-                if len(tensor.raw_data) < MIN_SHARED_BYTES:
-                    continue
-                key = tensor_key(tensor)
-                if key not in shared:
-                    continue
-                if key not in offsets:
-                    data.write(b"\0" * (-data.tell() % ALIGNMENT))
-                    offsets[key] = (data.tell(), len(tensor.raw_data))
-                    data.write(tensor.raw_data)
-                else:
-                    saved += len(tensor.raw_data)
-                offset, length = offsets[key]
-                set_external_data(tensor, SHARED_WEIGHTS_FILE, offset, length)  # reads raw_data: before it is cleared
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                tensor.ClearField("raw_data")
+        for _, tensor, key in keyed:
+            if key not in shared:
+                continue
+            if key not in offsets:
+                data.write(b"\0" * (-data.tell() % ALIGNMENT))
+                offsets[key] = (data.tell(), len(tensor.raw_data))
+                data.write(tensor.raw_data)
+            else:
+                saved += len(tensor.raw_data)
+            offset, length = offsets[key]
+            set_external_data(tensor, SHARED_WEIGHTS_FILE, offset, length)  # reads raw_data: before it is cleared
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
     for name, model in models.items():
         onnx.save(model, str(directory / name))
         onnx.checker.check_model(str(directory / name))

@@ -112,3 +112,15 @@ def test_share_weights_shares_only_what_several_graphs_hold(tiny_model_dir: Path
     encoder_own = {tensor.raw_data for tensor in encoder.graph.initializer if not uses_external_data(tensor) and len(tensor.raw_data) >= 1024}
     decoder_own = {tensor.raw_data for tensor in decoder.graph.initializer if not uses_external_data(tensor) and len(tensor.raw_data) >= 1024}
     assert not encoder_own & decoder_own
+
+
+def test_a_file_left_from_graphs_written_before_is_replaced_or_removed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A dir written again: its new graphs point into nothing old, so the old file goes (one graph alone shares nothing)."""
+    plain = inlined_copy(tiny_model_dir, tmp_path / "plain")
+    (plain / SHARED_WEIGHTS_FILE).write_bytes(b"left from an earlier export")
+    assert share_weights(plain, GRAPHS) > 0
+    assert (plain / SHARED_WEIGHTS_FILE).read_bytes() == (tiny_model_dir / SHARED_WEIGHTS_FILE).read_bytes()
+    alone = inlined_copy(tiny_model_dir, tmp_path / "alone")
+    (alone / SHARED_WEIGHTS_FILE).write_bytes(b"left from an earlier export")
+    assert share_weights(alone, ("encoder.onnx",)) == 0
+    assert not (alone / SHARED_WEIGHTS_FILE).exists()
