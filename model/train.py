@@ -32,7 +32,7 @@ from nmt_serve.model.cpu_memory import bound_heap, bound_kernel_cache
 from nmt_serve.model.device import DEVICE_CHOICES, bf16_is_native, cpu_model_name, native_bf16, pick_device
 from nmt_serve.model.evaluate import score, translate
 from nmt_serve.model.file_hash import sha256_file
-from nmt_serve.model.grow import STACK_ORDERS, grow_encoder
+from nmt_serve.model.grow import STACK_ORDERS, grow_encoder, source_layer_order
 from nmt_serve.model.loss import LossFunction, accumulate_gradients, batch_loss, mean_nll
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.model.tokenizer import Tokenizer
@@ -431,12 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.encoder_layers:
         if not initialize:
             parser.error("--encoder-layers grows the model of --init-from; a resumed run keeps its own layers")
-        try:
+        try:  # the growth's own rule (layers are only added), then the config's
+            source_layer_order(config.n_encoder_layers, args.encoder_layers, args.stack_order)
             config = dataclasses.replace(config, n_encoder_layers=args.encoder_layers)
         except ValueError as error:
             parser.error(f"--encoder-layers: {error}")
-        if args.encoder_layers < ModelConfig.load(args.init_from / "config.json").n_encoder_layers:
-            parser.error(f"--encoder-layers {args.encoder_layers}: fewer than the checkpoint's; layers are only added")
     if settings.dropout >= 0.0:
         # Dropout changes training only; the exported graphs never see it.
         try:

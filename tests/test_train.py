@@ -328,6 +328,14 @@ def test_encoder_layers_without_init_from_is_refused(tiny_corpus: dict[str, Path
     assert "--encoder-layers grows the model of --init-from" in capsys.readouterr().err
 
 
+def test_encoder_layers_fewer_than_the_checkpoints_are_refused(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with pytest.raises(SystemExit):
+        train_main([*train_args(tiny_corpus, tmp_path / "run", 1), "--init-from", str(tiny_checkpoint), "--encoder-layers", "1"])
+    assert "--encoder-layers: encoder layers: 1 is fewer than the checkpoint's 2; layers are only added" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "train.json").exists()
+
+
 def test_init_from_with_resume_of_a_run_without_its_resume_state_is_refused(tiny_checkpoint: Path, tiny_corpus: dict[str, Path],
                                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     with pytest.raises(SystemExit):
