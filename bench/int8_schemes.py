@@ -18,6 +18,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
@@ -25,6 +27,7 @@ require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.engine_bench import sample_sources, time_cells
 from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
+from nmt_serve.export.int8_cache import CALIBRATION_PAIRS, calibrate_cache_scales, past_cache_scales, quantize_cache_file
 from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_data_files, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
@@ -38,27 +41,34 @@ from nmt_serve.runtime.ort_step import OrtStep
 
 logger = logging.getLogger(__name__)
 
+INT8_CACHE_SUFFIX = " + int8 cache"  # a scheme's row label with the self-attention cache in int8
 
-def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path) -> Path:
-    """An int8 model dir made from an exported fp32 one with `scheme`."""
+
+def build_scheme_dir(fp32_dir: Path, scheme: str, out: Path, cache_scales: np.ndarray | None = None) -> Path:
+    """An int8 model dir made from an exported fp32 one with `scheme`; with cache_scales, its decoder keeps the
+    self-attention cache in int8 (export/int8_cache.py)."""
     out.mkdir(parents=True, exist_ok=True)
+    fp32 = load_model_dir(fp32_dir)
     for name in (ENCODER_FILE, DECODER_FILE):
         convert_to_int8(fp32_dir / name, out / name, scheme)
+    if cache_scales is not None:
+        quantize_cache_file(out / DECODER_FILE, cache_scales, fp32.config.n_heads, fp32.config.head_dim)
     share_weights(out, (ENCODER_FILE, DECODER_FILE))  # laid out as nmt-export lays out its dirs
     # An imported model's target_tokenizer.json comes along: its decoding needs it.
     tokenizers = tokenizer_files(fp32_dir)
     for name in tokenizers:
         shutil.copyfile(fp32_dir / name, out / name)
-    fp32 = load_model_dir(fp32_dir)
     manifest = dataclasses.replace(fp32, precision="int8", files={}, parity={},
                                    graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)})  # fmt: skip
     write_manifest(out, manifest, [ENCODER_FILE, DECODER_FILE, *graph_data_files(out), *tokenizers])
     return out
 
 
-def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], test: Path, limit: int, work: Path) -> dict[str, dict[str, Any]]:
-    """Per model dir (fp32, then each scheme): the largest log-prob difference and export/parity.py's search report
-    against the PyTorch outputs, which are decoded once for all of them."""
+def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], test: Path, limit: int, work: Path,
+                    cache_calibration: Path | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per model dir (fp32, then each scheme, then each scheme with an int8 cache scaled on `cache_calibration`'s
+    pairs): the largest log-prob difference and export/parity.py's search report against the PyTorch outputs,
+    which are decoded once for all of them."""
     loaded = load_checkpoint(checkpoint)
     config, tokenizer = loaded.config, loaded.tokenizer
     pairs = read_tsv(str(test))[: limit or None]
@@ -66,10 +76,14 @@ def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], te
     references = [ref for _, ref in pairs]
     expected = decode_searches(TorchStep(loaded.model), sources, config, "torch")
     dirs = {"fp32": fp32_dir} | {scheme: build_scheme_dir(fp32_dir, scheme, work / scheme) for scheme in schemes}
+    if cache_calibration is not None:
+        scales = calibrate_cache_scales(loaded.model, tokenizer, read_tsv(str(cache_calibration))[:CALIBRATION_PAIRS])
+        dirs |= {f"{scheme}{INT8_CACHE_SUFFIX}": build_scheme_dir(fp32_dir, scheme, work / f"{scheme}-int8-cache", scales) for scheme in schemes}
     results: dict[str, dict[str, Any]] = {}
     for label, model_dir in dirs.items():
         ort_step = OrtStep(model_dir, threads=1)
-        tensors = check_tensors(TorchStep(loaded.model), ort_step, sources[:5])
+        scales_by_past = past_cache_scales(model_dir / DECODER_FILE, ort_step.cache.past_names)
+        tensors = check_tensors(TorchStep(loaded.model), ort_step, sources[:5], cache_scales=scales_by_past)
         search = compare_searches(expected, decode_searches(ort_step, sources, config, "onnx"), tokenizer, references)
         results[label] = {"max_log_prob_diff": tensors["max_abs_log_prob_diff"], "search": search,
                           "bytes": sum(path.stat().st_size for path in model_dir.glob("*.onnx")), "dir": model_dir}  # fmt: skip
@@ -110,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs (0 = all)")
     parser.add_argument("--schemes", default=",".join(INT8_SCHEMES))
     add_cell_arguments(parser, repeats=5)
+    parser.add_argument("--cache-calibration", type=Path, default=None,
+                        help="sentence pairs (not the test set): each scheme is measured once more with its self-attention cache in int8, "
+                             "scaled on them (nmt-export --cache-calibration)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/int8_schemes.md"))
     return parser
 
@@ -119,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cells = cells_from(args)
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure_schemes(args.checkpoint, args.fp32_dir or args.checkpoint / "onnx-fp32", args.schemes.split(","), args.test, args.limit, Path(tmp))
+        results = measure_schemes(args.checkpoint, args.fp32_dir or args.checkpoint / "onnx-fp32", args.schemes.split(","), args.test, args.limit, Path(tmp),
+                                   args.cache_calibration)  # fmt: skip
         speed = measure_speed(results, args.checkpoint, args.test, cells, args.repeats)
         table = format_tables(results, speed, cells, len(read_tsv(str(args.test))[: args.limit or None]))
     write_report("int8 schemes", "nmt-int8-schemes", argv, [table], args.out)

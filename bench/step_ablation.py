@@ -38,7 +38,7 @@ from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, NARROW_PREFIX, NARROW_SOURCE_WIDTH, source_width
 from nmt_serve.runtime.source_layout import MIN_QUERIES
-from nmt_serve.runtime.step_cache import INITIAL_LENGTH
+from nmt_serve.runtime.step_cache import CACHE_DTYPES, INITIAL_LENGTH
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,11 @@ class BoundDecoder:
         }
         for spec in session.get_inputs():
             if spec.name.startswith("past_"):
-                cache = (rng.standard_normal((rows, heads, capacity, head_dim)) * 0.5).astype(np.float32)
+                shape = (rows, heads, capacity, head_dim)
+                if CACHE_DTYPES[spec.type] == np.int8:  # an int8 cache (export/int8_cache.py): steps of its scale
+                    cache = rng.integers(-64, 64, shape, dtype=np.int8)
+                else:
+                    cache = (rng.standard_normal(shape) * 0.5).astype(np.float32)
                 self._bind(spec.name, cache)
                 present = spec.name.replace("past_", "present_", 1)
                 if present in outputs:

@@ -17,6 +17,7 @@ from nmt_serve.model.extras import require_extra
 
 require_extra("nmt-export", "export", ('torch', 'onnx', 'onnxscript', 'sacrebleu'))
 
+import numpy as np
 import onnx
 import onnxruntime
 import torch
@@ -24,9 +25,11 @@ import torch
 from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.exact_halves import store_file_exact_halves
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
+from nmt_serve.export.int8_cache import CACHE_SCALE_MARGIN, CALIBRATION_PAIRS, calibrate_cache_scales, quantize_cache_file
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
 from nmt_serve.export.shared_weights import SHARED_WEIGHTS_FILE, share_weights
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
+from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.languages import LANGUAGES_FILE
 from nmt_serve.model.tokenizer import tokenizer_files
 from nmt_serve.model.transformer import Transformer
@@ -40,7 +43,8 @@ ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 DEFAULT_OPSET = 23
 
-ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
+ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool",
+               onnx.TensorProto.INT8: "int8"}
 
 
 def export_encoder(model: Transformer, path: Path, opset: int) -> None:
@@ -71,8 +75,10 @@ def graph_spec(path: Path) -> GraphSpec:
     return GraphSpec(path.name, tensor_specs(graph.input), tensor_specs(graph.output))
 
 
-def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int8_scheme: str = DEFAULT_INT8_SCHEME) -> dict[str, float]:
-    """Write encoder.onnx and decoder.onnx at `precision`; returns seconds per stage."""
+def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int8_scheme: str = DEFAULT_INT8_SCHEME,
+                  cache_scales: np.ndarray | None = None) -> dict[str, float]:  # fmt: skip
+    """Write encoder.onnx and decoder.onnx at `precision`; returns seconds per stage. cache_scales (int8 only,
+    export/int8_cache.py): the decoder keeps its self-attention cache in int8 with these scales."""
     timings = {}
     with tempfile.TemporaryDirectory() as tmp:
         fp32_dir = out if precision == "fp32" else Path(tmp)
@@ -88,6 +94,8 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int
                 store_file_exact_halves(out / name)  # an fp32 dir only: the int8 and fp16 conversions read plain float32
             else:
                 convert_precision(fp32_dir / name, out / name, precision, int8_scheme)
+            if name == DECODER_FILE and cache_scales is not None:
+                quantize_cache_file(out / name, cache_scales, model.config.n_heads, model.config.head_dim)
             timings[f"{precision}_{name}"] = round(time.perf_counter() - started, 2)
             onnx.checker.check_model(str(out / name))
     started = time.perf_counter()
@@ -97,14 +105,25 @@ def export_graphs(model: Transformer, out: Path, precision: str, opset: int, int
 
 
 def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str, version: str, check_texts: Sequence[str],
-                     opset: int = DEFAULT_OPSET, int8_scheme: str = DEFAULT_INT8_SCHEME) -> Manifest:  # fmt: skip
+                     opset: int = DEFAULT_OPSET, int8_scheme: str = DEFAULT_INT8_SCHEME, cache_calibration: Path | None = None) -> Manifest:  # fmt: skip
     """The export pipeline: load, export, convert precision, check, write manifest and the host self-check's
-    reference (`check_texts`: its source sentences). Parity is separate."""
+    reference (`check_texts`: its source sentences). Parity is separate. cache_calibration: a TSV of sentence
+    pairs; an int8 dir then keeps its self-attention cache in int8, scaled on its first CALIBRATION_PAIRS pairs."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if cache_calibration is not None and precision != "int8":
+        raise ValueError(f"--cache-calibration is for --precision int8 (the {precision} cache stays float), got {precision}")
     checkpoint = load_checkpoint(checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
-    timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme)
+    cache: dict[str, Any] = {}
+    scales = None
+    if cache_calibration is not None:
+        pairs = read_tsv(str(cache_calibration))[:CALIBRATION_PAIRS]
+        scales = calibrate_cache_scales(checkpoint.model, checkpoint.tokenizer, pairs)
+        cache = {"int8_cache": {"calibration": str(cache_calibration), "pairs": len(pairs), "margin": CACHE_SCALE_MARGIN}}
+    elif precision == "int8":
+        logger.info("int8 without --cache-calibration: the self-attention cache stays float32")
+    timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme, scales)
     # A multilingual model's languages.json travels with its tokenizer: requests name languages through it.
     tokenizers = [*tokenizer_files(checkpoint_dir), *([LANGUAGES_FILE] if (checkpoint_dir / LANGUAGES_FILE).is_file() else [])]
     for file_name in tokenizers:
@@ -116,7 +135,7 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
         graphs={"encoder": graph_spec(out / ENCODER_FILE), "decoder": graph_spec(out / DECODER_FILE)},
         files={}, parity={},
         created_by={"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-                    "checkpoint": str(checkpoint_dir), "export_seconds": timings, **({"int8_scheme": int8_scheme} if precision == "int8" else {})},
+                    "checkpoint": str(checkpoint_dir), "export_seconds": timings, **({"int8_scheme": int8_scheme} if precision == "int8" else {}), **cache},
     )  # fmt: skip
     files = [ENCODER_FILE, DECODER_FILE, *graph_data_files(out), *tokenizers]
     manifest = write_manifest(out, manifest, files)
@@ -147,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     parser.add_argument("--int8-scheme", choices=INT8_SCHEMES, default=DEFAULT_INT8_SCHEME,
                         help="with --precision int8: how to quantize (export/optimize.py; u8s8-rows keeps answers independent of the batch)")
+    parser.add_argument("--cache-calibration", type=Path,
+                        help="with --precision int8: a TSV of sentence pairs (not the test set); the decoder then keeps its self-attention "
+                             f"cache in int8, scaled on the first {CALIBRATION_PAIRS} pairs (export/int8_cache.py)")
     parser.add_argument("--parity-test", type=Path, help="TSV for token/text parity (default: tensor parity only)")
     parser.add_argument("--parity-limit", type=int, default=0, help="only the first N test pairs (0 = all)")
     parser.add_argument("--no-parity", action="store_true", help="skip parity (the manifest then says so)")
@@ -155,7 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from nmt_serve.export.parity import random_pairs, run_parity  # imported late: parity pulls in sacrebleu
-    from nmt_serve.model.corpus import read_tsv
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
@@ -164,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The weights are the best validation step's, not the run's last step.
     version = args.model_version or f"step-{info.get('best', {}).get('step', info.get('steps', 0))}"
     pairs = read_tsv(str(args.parity_test)) if args.parity_test else random_pairs(32)
-    export_model_dir(args.checkpoint, args.out, args.precision, name, version, [source for source, _ in pairs], args.opset, args.int8_scheme)
+    export_model_dir(args.checkpoint, args.out, args.precision, name, version, [source for source, _ in pairs], args.opset, args.int8_scheme,
+                     args.cache_calibration)
     if not args.no_parity:
         run_parity(args.out, args.checkpoint, args.parity_test, args.parity_limit)
     return 0

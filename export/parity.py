@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from nmt_serve.export.int8_cache import past_cache_scales
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.evaluate import one_line, score
@@ -28,11 +29,14 @@ JOIN_STEPS = (0, 1, 7, 20, 41)  # rows join at these steps, so one call mixes po
 SEARCHES = {"greedy": SearchOptions(beam_size=1), "beam4": SearchOptions(beam_size=4)}
 
 
-def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Sequence[int]], seed: int = 0) -> dict[str, Any]:
+def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Sequence[int]], seed: int = 0,
+                  cache_scales: Sequence[np.ndarray | None] = ()) -> dict[str, Any]:  # fmt: skip
     """Both steps in lockstep on the same rows: staggered joins, random beam-like reorders, random tokens.
 
-    Reports the max |diff| of log-probs and of every cached K/V slot.
+    Reports the max |diff| of log-probs and of every cached K/V slot. cache_scales: per past K/V tensor, the
+    scale of an int8 cache (export/int8_cache.py), by which its slots are multiplied before the comparison.
     """
+    scales = list(cache_scales) or [None] * len(ort_step.cache.past_names)
     rng = np.random.default_rng(seed)
     for step in (torch_step, ort_step):
         step.begin(sources)
@@ -55,8 +59,9 @@ def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Se
         torch_past = [tensor.numpy() for pair in torch_step.past for tensor in pair]
         for row in range(rows):
             real = torch_step.past_mask[row].numpy()
-            for reference, candidate in zip(torch_past, ort_step.cache.row_cache(row), strict=True):
-                max_cache_diff = max(max_cache_diff, float(np.abs(reference[row][:, real] - candidate).max()))
+            for reference, candidate, scale in zip(torch_past, ort_step.cache.row_cache(row), scales, strict=True):
+                values = candidate if scale is None else candidate * scale
+                max_cache_diff = max(max_cache_diff, float(np.abs(reference[row][:, real] - values).max()))
     return {"steps": steps, "final_rows": rows, "max_abs_log_prob_diff": max_log_prob_diff, "max_abs_present_kv_diff": max_cache_diff}
 
 
@@ -151,12 +156,13 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
     if limit:
         pairs = pairs[:limit]
     tensor_sources = checkpoint.tokenizer.encode_batch([src for src, _ in pairs[:5]])
+    past_scales = past_cache_scales(ort_step.manifest.graph_path(model_dir, "decoder"), ort_step.cache.past_names)
     report: dict[str, Any] = {
         "precision": ort_step.manifest.precision,
         "provider": ort_step.decoder.get_providers()[0],
         "cpu": cpu_facts(),  # int8 results depend on the CPU's instruction sets (runtime/host.py)
         "test": str(test) if test else "random sentences (no references)",
-        "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
+        "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources], cache_scales=past_scales),
         "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),
     }
     search_sources = [ids[: config.max_positions - 1] for ids in checkpoint.tokenizer.encode_batch([src for src, _ in pairs])]

@@ -46,6 +46,18 @@ SMALL_COPY_SLOTS = 64
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, narrow places, wide places, queries) layout met since the buffers last moved
 
 
+# The element types a decoder's past K/V may have, as ONNX Runtime names them.
+CACHE_DTYPES = {"tensor(float)": np.float32, "tensor(int8)": np.int8}
+
+
+def cache_dtype(session: ort.InferenceSession, past_names: Sequence[str]) -> type[np.generic]:
+    """The one element type of the decoder's past K/V inputs; a type the cache cannot hold is refused by name."""
+    types = {value.type for value in session.get_inputs() if value.name in past_names}
+    if len(types) > 1 or not types <= CACHE_DTYPES.keys():
+        raise ValueError(f"decoder past K/V inputs must all be one of {', '.join(CACHE_DTYPES)}; got {', '.join(sorted(types))}")
+    return CACHE_DTYPES[types.pop()] if types else np.float32
+
+
 @dataclass
 class Binding:
     io_binding: ort.IOBinding
@@ -62,6 +74,8 @@ class StepCache:
         self.cross_names = list(cross_names)
         self.narrow_names = [narrow_name(name) for name in self.cross_names]
         self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
+        # float32, or int8 where the decoder keeps its self-attention cache quantized (export/kv_cache_scales.py).
+        self.cache_dtype = cache_dtype(session, self.past_names)
         # ONNX Runtime copies an input bound in CPU memory to the device its nodes run on when it is bound, not when
         # the session runs (IOBinding::BindInput). On the CPU the binding reads the live buffers at every run; on
         # CUDA a kept binding would feed every later step the tokens, positions and past K/V of the step it was
@@ -89,7 +103,7 @@ class StepCache:
         """Drop every row and give the memory back."""
         self.rows = 0
         self._longest = 0  # the most tokens any live row has cached (a Python int: no numpy call per step)
-        self._set_kv_block(np.zeros((len(self.past_names), 0, self.n_heads, 0, self.head_dim), dtype=np.float32))
+        self._set_kv_block(np.zeros((len(self.past_names), 0, self.n_heads, 0, self.head_dim), dtype=self.cache_dtype))
         self._slot_ids = np.zeros((0, 0), dtype=np.int64)  # (row capacity, length capacity): slot lineage; 0 = unknown
         self._row_range = np.zeros(0, dtype=np.int64)
         self._next_slot_id = 1

@@ -12,8 +12,12 @@ version=${3:-$(python -c "import json, sys; print(json.load(open(sys.argv[1])).g
 python -c "import sys; from model.checkpoint import load_checkpoint, save_weights; save_weights(load_checkpoint(sys.argv[1]).model, sys.argv[1], half=True)" "$checkpoint"
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 4 --record
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 1 --record
+# The int8 dir keeps its self-attention cache in int8, scaled on the validation pairs (never the test set).
 for precision in fp32 int8; do
-  nmt-export "$checkpoint" --out "$checkpoint/onnx-$precision" --precision "$precision" --parity-test "$test_tsv" ${version:+--model-version "$version"}
+  calibration=()
+  [ "$precision" = int8 ] && calibration=(--cache-calibration "$corpus/valid.tsv")
+  nmt-export "$checkpoint" --out "$checkpoint/onnx-$precision" --precision "$precision" --parity-test "$test_tsv" ${version:+--model-version "$version"} \
+    "${calibration[@]}"
 done
 du -sh "$checkpoint"/model.safetensors "$checkpoint"/onnx-*
 git ls-files -co --exclude-standard "$checkpoint" | xargs du -cb | tail -1  # everything committed under the checkpoint dir (limit: 80 MB)

@@ -75,6 +75,18 @@ def int8_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_facto
 
 
 @pytest.fixture(scope="session")
+def int8_cache_dir(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`int8_dir` with its self-attention cache in int8 too, scaled on the validation pairs (export/int8_cache.py)."""
+    from nmt_serve.export.onnx_export import main as export_main
+
+    out = tmp_path_factory.mktemp("onnx-int8-cache")
+    args = [str(tiny_checkpoint), "--out", str(out), "--precision", "int8", "--parity-test", str(tiny_corpus["test"]),
+            "--cache-calibration", str(tiny_corpus["valid"])]  # fmt: skip
+    assert export_main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Hugging Face Marian dir (swish, random final_logits_bias, its own SentencePiece models)."""
     pytest.importorskip("transformers", reason="nmt-import needs the import extra (transformers, sentencepiece)")

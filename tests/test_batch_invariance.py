@@ -66,11 +66,11 @@ def outputs(hypotheses: list[Hypothesis]) -> list[tuple[tuple[int, ...], float]]
     return [(tuple(hypothesis.token_ids), hypothesis.score) for hypothesis in hypotheses]
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp32"])
-def test_engine_gives_each_request_its_alone_result_bit_for_bit(precision: str, int8_dir: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("precision", ["int8", "int8 with an int8 cache", "fp32"])
+def test_engine_gives_each_request_its_alone_result_bit_for_bit(precision: str, int8_dir: Path, int8_cache_dir: Path, tiny_model_dir: Path) -> None:
     """Continuous batching joins and leaves rows at different positions, greedy beside beam: each request's
     token ids and scores equal its run alone exactly (scores compared with ==, not a tolerance)."""
-    model_dir = int8_dir if precision == "int8" else tiny_model_dir
+    model_dir = {"int8": int8_dir, "int8 with an int8 cache": int8_cache_dir, "fp32": tiny_model_dir}[precision]
     for job, source, options in run_plan(model_dir):
         assert job.outcome is Outcome.OK
         assert outputs(job.hypotheses) == outputs(alone(model_dir, source, options))
@@ -83,9 +83,11 @@ def test_engine_on_per_tensor_int8_scales_depends_on_the_batch(per_tensor_dir: P
     assert differing
 
 
-def test_self_check_confirms_batch_invariance_of_the_int8_dir(int8_dir: Path) -> None:
-    step = OrtStep(int8_dir)
-    result = check_model_dir(int8_dir, step.encode, step.cache, step.config)
+@pytest.mark.parametrize("cache", ["float32", "int8"])
+def test_self_check_confirms_batch_invariance_of_the_int8_dir(cache: str, int8_dir: Path, int8_cache_dir: Path) -> None:
+    model_dir = int8_cache_dir if cache == "int8" else int8_dir
+    step = OrtStep(model_dir)
+    result = check_model_dir(model_dir, step.encode, step.cache, step.config)
     assert result is not None and result.batch_diff == 0.0 and result.passed
     assert "alone and packed: bit-identical" in result.describe()
 

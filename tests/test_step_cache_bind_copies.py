@@ -55,6 +55,9 @@ class DeviceLikeSession:
     def get_providers(self) -> list[str]:
         return ["EmulatedDeviceExecutionProvider", "CPUExecutionProvider"]
 
+    def get_inputs(self) -> list[Any]:
+        return self.session.get_inputs()
+
     def get_outputs(self) -> list[Any]:
         return self.session.get_outputs()
 
