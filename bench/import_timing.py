@@ -44,11 +44,15 @@ def add_import_arguments(parser: argparse.ArgumentParser, parity_limit: int) -> 
     parser.add_argument("--parity-limit", type=int, default=parity_limit, help="sentences the import compares with transformers")
 
 
-def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: Sequence[str], timings: ImportTimings) -> Path:
-    """Imports `source_dir` into work/imported and exports each precision into it; fills `timings`; returns the checkpoint dir."""
+def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: Sequence[str], timings: ImportTimings,
+                      calibration_texts: Sequence[str] = ()) -> Path:  # fmt: skip
+    """Imports `source_dir` into work/imported and exports each precision into it; fills `timings`; returns the checkpoint dir.
+    calibration_texts: the int8 dir keeps its self-attention cache in int8, scaled on them (nmt-export --cache-calibration)."""
     test = work / "parity-sentences.tsv"
     # One line per sentence: tabs and line breaks inside a text (the multilingual table has them) become spaces.
     write_tsv(str(test), [(" ".join(text.split()), "") for text in parity_texts])
+    calibration = work / "calibration-sentences.tsv"
+    write_tsv(str(calibration), [(" ".join(text.split()), "") for text in calibration_texts])
     checkpoint = work / "imported"
     started = time.perf_counter()
     run_quietly(["nmt_serve.importers.import_command", family, str(source_dir), "--out", str(checkpoint),
@@ -57,8 +61,9 @@ def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: S
     timings.import_peak_rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6  # ru_maxrss is in kB on Linux
     for precision in PRECISIONS:
         started = time.perf_counter()
+        cache = ["--cache-calibration", str(calibration)] if precision == "int8" and calibration_texts else []
         run_quietly(["nmt_serve.export.onnx_export", str(checkpoint), "--out", str(checkpoint / f"onnx-{precision}"), "--precision", precision,
-                     "--parity-test", str(test), "--parity-limit", str(timings.export_parity)])  # fmt: skip
+                     "--parity-test", str(test), "--parity-limit", str(timings.export_parity), *cache])  # fmt: skip
         timings.export_seconds[precision] = time.perf_counter() - started
     return checkpoint
 

@@ -27,7 +27,7 @@ require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.engine_bench import sample_sources, time_cells
 from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
-from nmt_serve.export.int8_cache import CALIBRATION_PAIRS, calibrate_cache_scales, past_cache_scales, quantize_cache_file
+from nmt_serve.export.int8_cache import calibrate_cache_scales, calibration_sources, past_cache_scales, quantize_cache_file
 from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_data_files, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
@@ -77,7 +77,7 @@ def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], te
     expected = decode_searches(TorchStep(loaded.model), sources, config, "torch")
     dirs = {"fp32": fp32_dir} | {scheme: build_scheme_dir(fp32_dir, scheme, work / scheme) for scheme in schemes}
     if cache_calibration is not None:
-        scales = calibrate_cache_scales(loaded.model, tokenizer, read_tsv(str(cache_calibration))[:CALIBRATION_PAIRS])
+        scales = calibrate_cache_scales(loaded.model, calibration_sources(cache_calibration, tokenizer))
         dirs |= {f"{scheme}{INT8_CACHE_SUFFIX}": build_scheme_dir(fp32_dir, scheme, work / f"{scheme}-int8-cache", scales) for scheme in schemes}
     results: dict[str, dict[str, Any]] = {}
     for label, model_dir in dirs.items():
@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schemes", default=",".join(INT8_SCHEMES))
     add_cell_arguments(parser, repeats=5)
     parser.add_argument("--cache-calibration", type=Path, default=None,
-                        help="sentence pairs (not the test set): each scheme is measured once more with its self-attention cache in int8, "
-                             "scaled on them (nmt-export --cache-calibration)")
+                        help="source sentences or pairs (not the test set): each scheme is measured once more with its self-attention "
+                             "cache in int8, scaled on them (nmt-export --cache-calibration)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/int8_schemes.md"))
     return parser
 

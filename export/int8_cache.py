@@ -8,9 +8,9 @@ dequantized cache. Alone, over 32 / 128 rows at positions 8 and 24 with the cach
 0.55x-0.85x the float32 cache's time; a cache slot and every beam reorder move a quarter of the bytes.
 
 The scales are constants of the graph, so a row's cached values depend on its own tokens alone: the
-dir stays batch-invariant. Each is the largest |value| that channel took over the calibration pairs,
-teacher-forced through the PyTorch model, divided by 127 and widened by CACHE_SCALE_MARGIN; values past
-it are clipped to +-127 steps. The fp32 dir keeps a float32 cache (it must equal PyTorch).
+dir stays batch-invariant. Each is the largest |value| that channel took while the PyTorch model
+translated the calibration sentences greedily, divided by 127 and widened by CACHE_SCALE_MARGIN; values
+past it are clipped to +-127 steps. The fp32 dir keeps a float32 cache (it must equal PyTorch).
 """
 
 from __future__ import annotations
@@ -24,36 +24,46 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.export.graphs import past_names, present_names
-from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.corpus import read_tsv
+from nmt_serve.model.search import SearchOptions, generate
 from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.model.torch_step import TorchStep
 from nmt_serve.model.transformer import Transformer
 
-CALIBRATION_PAIRS = 2000  # the first pairs of the calibration file that are read
+CALIBRATION_SENTENCES = 2000  # the first source sentences of the calibration file that are translated
 CALIBRATION_BATCH = 64
 INT8_LEVELS = 127.0
-# On the default model, 2,000 Ding validation pairs: 1-2% of the Ding test's target tokens had a key or value
-# channel past the largest calibrated value (at most 1.35x it). The margin keeps those from clipping at a
-# resolution cost of 1.5x; measured in docs/quality.md (int8).
+# On the default model, scales from 2,000 Ding validation sentences leave a few percent of the Ding test's
+# cached tokens with some key or value channel past the largest calibrated value; the margin keeps those from
+# clipping at a resolution cost of 1.5x; measured in docs/quality.md (int8).
 CACHE_SCALE_MARGIN = 1.5
 SMALLEST_SCALE = 1e-8  # a channel that was always 0 still gets a positive scale (the kernel divides by it)
 SCALE_INPUTS = 12  # GroupQueryAttention's k_scale and v_scale are its inputs 12 and 13
 
 
-def calibrate_cache_scales(model: Transformer, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]],
-                           margin: float = CACHE_SCALE_MARGIN) -> np.ndarray:  # fmt: skip
-    """(decoder layers, 2, d_model): per layer, the self-attention key and value scales of every channel."""
-    if not pairs:
-        raise ValueError("cache calibration needs at least one sentence pair")
+def calibration_sources(path: Path, tokenizer: Tokenizer) -> list[list[int]]:
+    """The token ids of the first CALIBRATION_SENTENCES sources of a TSV (German, or German<TAB>anything: only the
+    first column is read)."""
+    return tokenizer.encode_batch([pair[0] for pair in read_tsv(str(path))[:CALIBRATION_SENTENCES]])
+
+
+def calibrate_cache_scales(model: Transformer, sources: Sequence[Sequence[int]], margin: float = CACHE_SCALE_MARGIN) -> np.ndarray:
+    """(decoder layers, 2, d_model): per layer, the self-attention key and value scales of every channel, from the
+    keys and values the model caches while it translates `sources` (token ids) greedily: what a serving cache
+    holds, the model's own tokens (a reference translation would hold tokens it does not write, and an imported
+    model's target side has no tokenizer that encodes)."""
+    if not sources:
+        raise ValueError("cache calibration needs at least one source sentence")
     config = model.config
     largest = np.zeros((config.n_decoder_layers, 2, config.d_model), dtype=np.float32)
-    real_tokens = torch.zeros(0, 0, dtype=torch.bool)  # the batch's target positions that are not padding
 
     def record(layer: int, kind: int) -> Callable[[torch.nn.Module, object, torch.Tensor], None]:
-        """A forward hook on one projection: the largest |value| per channel over the batch's real target tokens."""
+        """A forward hook on one projection: the largest |value| per channel of the rows it computes (each step
+        feeds one token per live row: no padding)."""
 
         def hook(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
-            values = output.detach().abs()[real_tokens]  # (real tokens, d_model)
-            largest[layer, kind] = np.maximum(largest[layer, kind], values.amax(dim=0).float().numpy())
+            values = output.detach().abs().reshape(-1, config.d_model)
+            largest[layer, kind] = np.maximum(largest[layer, kind], values.amax(dim=0).float().cpu().numpy())
 
         return hook
 
@@ -61,19 +71,10 @@ def calibrate_cache_scales(model: Transformer, tokenizer: Tokenizer, pairs: Sequ
                for index, layer in enumerate(model.decoder_layers)
                for kind, projection in enumerate((layer.self_attn.k_proj, layer.self_attn.v_proj))]  # fmt: skip
     try:
-        with torch.no_grad():
-            for first in range(0, len(pairs), CALIBRATION_BATCH):
-                batch = pairs[first : first + CALIBRATION_BATCH]
-                src_ids, src_mask = pad_sources(tokenizer.encode_batch([source for source, _ in batch]), config.pad_id, config.eos_id)
-                # The decoder reads BOS and every reference token (what it caches while writing the reference).
-                targets = [[config.bos_id, *ids][: config.max_positions] for ids in tokenizer.encode_batch([target for _, target in batch])]
-                width = max(len(ids) for ids in targets)
-                tgt_ids = torch.full((len(targets), width), config.pad_id, dtype=torch.long)
-                real_tokens = torch.zeros(len(targets), width, dtype=torch.bool)
-                for row, ids in enumerate(targets):
-                    tgt_ids[row, : len(ids)] = torch.tensor(ids)
-                    real_tokens[row, : len(ids)] = True
-                model(torch.from_numpy(src_ids[:, : config.max_positions]), torch.from_numpy(src_mask[:, : config.max_positions]), tgt_ids)
+        step = TorchStep(model)
+        for first in range(0, len(sources), CALIBRATION_BATCH):
+            batch = [list(ids[: config.max_positions - 1]) for ids in sources[first : first + CALIBRATION_BATCH]]
+            generate(step, batch, SearchOptions(beam_size=1), config.bos_id, config.eos_id, config.max_positions)
     finally:
         for handle in handles:
             handle.remove()

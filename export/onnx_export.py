@@ -25,7 +25,7 @@ import torch
 from nmt_serve.export.decoder_graph import build_decoder_graph
 from nmt_serve.export.exact_halves import store_file_exact_halves
 from nmt_serve.export.graphs import ENCODER_INPUTS, EncoderGraph, encoder_output_names, example_encoder_inputs
-from nmt_serve.export.int8_cache import CACHE_SCALE_MARGIN, CALIBRATION_PAIRS, calibrate_cache_scales, quantize_cache_file
+from nmt_serve.export.int8_cache import CACHE_SCALE_MARGIN, CALIBRATION_SENTENCES, calibrate_cache_scales, calibration_sources, quantize_cache_file
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_precision
 from nmt_serve.export.shared_weights import SHARED_WEIGHTS_FILE, share_weights
 from nmt_serve.model.checkpoint import checkpoint_languages, load_checkpoint
@@ -108,7 +108,8 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
                      opset: int = DEFAULT_OPSET, int8_scheme: str = DEFAULT_INT8_SCHEME, cache_calibration: Path | None = None) -> Manifest:  # fmt: skip
     """The export pipeline: load, export, convert precision, check, write manifest and the host self-check's
     reference (`check_texts`: its source sentences). Parity is separate. cache_calibration: a TSV of sentence
-    pairs; an int8 dir then keeps its self-attention cache in int8, scaled on its first CALIBRATION_PAIRS pairs."""
+    pairs (or sources); an int8 dir then keeps its self-attention cache in int8, scaled on what the model caches
+    while it translates the first CALIBRATION_SENTENCES of them."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if cache_calibration is not None and precision != "int8":
@@ -118,9 +119,9 @@ def export_model_dir(checkpoint_dir: Path, out: Path, precision: str, name: str,
     cache: dict[str, Any] = {}
     scales = None
     if cache_calibration is not None:
-        pairs = read_tsv(str(cache_calibration))[:CALIBRATION_PAIRS]
-        scales = calibrate_cache_scales(checkpoint.model, checkpoint.tokenizer, pairs)
-        cache = {"int8_cache": {"calibration": str(cache_calibration), "pairs": len(pairs), "margin": CACHE_SCALE_MARGIN}}
+        sources = calibration_sources(cache_calibration, checkpoint.tokenizer)
+        scales = calibrate_cache_scales(checkpoint.model, sources)
+        cache = {"int8_cache": {"calibration": str(cache_calibration), "sentences": len(sources), "margin": CACHE_SCALE_MARGIN}}
     elif precision == "int8":
         logger.info("int8 without --cache-calibration: the self-attention cache stays float32")
     timings = export_graphs(checkpoint.model, out, precision, opset, int8_scheme, scales)
@@ -167,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--int8-scheme", choices=INT8_SCHEMES, default=DEFAULT_INT8_SCHEME,
                         help="with --precision int8: how to quantize (export/optimize.py; u8s8-rows keeps answers independent of the batch)")
     parser.add_argument("--cache-calibration", type=Path,
-                        help="with --precision int8: a TSV of sentence pairs (not the test set); the decoder then keeps its self-attention "
-                             f"cache in int8, scaled on the first {CALIBRATION_PAIRS} pairs (export/int8_cache.py)")
+                        help="with --precision int8: a TSV of source sentences or pairs (not the test set); the decoder then keeps its "
+                             f"self-attention cache in int8, scaled on what the model caches translating the first {CALIBRATION_SENTENCES} "
+                             "(export/int8_cache.py)")
     parser.add_argument("--parity-test", type=Path, help="TSV for token/text parity (default: tensor parity only)")
     parser.add_argument("--parity-limit", type=int, default=0, help="only the first N test pairs (0 = all)")
     parser.add_argument("--no-parity", action="store_true", help="skip parity (the manifest then says so)")

@@ -41,6 +41,11 @@ MAX_REFERENCE_TOKENS = 48  # per sentence: enough to cover every layer's cache a
 # (whose exact products were reproduced through u8u8 kernels) moved it by 0.195: the bound of 0.05
 # lies between. fp16 runs on CUDA, whose kernels round unlike the exporting host's: 0.1, unmeasured.
 SELF_CHECK_BOUNDS = {"fp32": 1e-3, "int8": 0.05, "fp16": 0.1}
+# An int8 dir whose self-attention cache is int8 too (export/int8_cache.py) rounds each cached key and value once
+# more, so a float difference between hosts moves more of its log-probs: with SkipLayerNormalization fused (the
+# stand-in for another CPU's rounding) the shipped int8 dirs' references moved by 0.0515 and 0.0572 against 0.0313
+# and 0.0176 with their float32 caches. 0.1 lies between that and the 0.195 of saturating kernels.
+INT8_CACHE_BOUND = 0.1
 # int8 schemes (export/optimize.py) with 8-bit signed weights: their products are exact only where the u8s8
 # kernel sums in 32-bit lanes (VNNI, AMX), which is what a failed self-check of such a dir most likely means.
 EIGHT_BIT_SIGNED_SCHEMES = ("u8s8", "u8s8-fp32-logits", "u8s8-rows-vnni")
@@ -145,7 +150,7 @@ def write_reference(model_dir: Path, encode: Encode, step: Any, cache: StepCache
     scores = forced_log_probs(encode, cache, config, sources, targets)
     reference = {
         "precision": precision,
-        "bound": SELF_CHECK_BOUNDS[precision],
+        "bound": INT8_CACHE_BOUND if cache.cache_dtype == np.int8 else SELF_CHECK_BOUNDS[precision],
         "cpu": cpu_facts(),
         "sentences": [{"source_ids": source, "target_ids": target, "log_probs": [float(value) for value in score]}
                       for source, target, score in zip(sources, targets, scores, strict=True)],

@@ -12,7 +12,7 @@ version=${3:-$(python -c "import json, sys; print(json.load(open(sys.argv[1])).g
 python -c "import sys; from model.checkpoint import load_checkpoint, save_weights; save_weights(load_checkpoint(sys.argv[1]).model, sys.argv[1], half=True)" "$checkpoint"
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 4 --record
 nmt-eval "$checkpoint" --test "$test_tsv" --beam 1 --record
-# The int8 dir keeps its self-attention cache in int8, scaled on the validation pairs (never the test set).
+# The int8 dir keeps its self-attention cache in int8, scaled on what the model writes for the validation sources (never the test set).
 for precision in fp32 int8; do
   calibration=()
   [ "$precision" = int8 ] && calibration=(--cache-calibration "$corpus/valid.tsv")

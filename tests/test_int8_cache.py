@@ -11,26 +11,35 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from nmt_serve.export.int8_cache import CACHE_SCALE_MARGIN, INT8_LEVELS, cache_scales, calibrate_cache_scales
+from nmt_serve.export.int8_cache import CACHE_SCALE_MARGIN, INT8_LEVELS, cache_scales, calibrate_cache_scales, calibration_sources
 from nmt_serve.export.onnx_export import main as export_main
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
 from nmt_serve.model.padding import pad_sources
+from nmt_serve.model.search import FinishReason, SearchOptions, generate
+from nmt_serve.model.torch_step import TorchStep
 from nmt_serve.runtime.manifest import load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
+from nmt_serve.runtime.self_check import INT8_CACHE_BOUND, SELF_CHECK_BOUNDS, SELF_CHECK_FILE
 
 
-def cached_values(checkpoint: Path, pairs: list[tuple[str, str]]) -> list[np.ndarray]:
-    """Per decoder layer, |key| and |value| of every cached target token, through the model's own incremental cache
-    (the `present` each decode call returns): (2, tokens, d_model)."""
+def cached_values(checkpoint: Path, sources: list[list[int]]) -> list[np.ndarray]:
+    """Per decoder layer, |key| and |value| of every token the model feeds itself while it translates each source
+    greedily, recomputed teacher-forced on its own output through the model's decode (one source at a time, no
+    padding): (2, tokens, d_model)."""
     loaded = load_checkpoint(checkpoint)
-    model, config, tokenizer = loaded.model, loaded.config, loaded.tokenizer
+    model, config = loaded.model, loaded.config
+    outputs = generate(TorchStep(model), sources, SearchOptions(beam_size=1), config.bos_id, config.eos_id, config.max_positions)
     found: list[list[np.ndarray]] = [[] for _ in range(config.n_decoder_layers)]
     with torch.no_grad():
-        for source, target in pairs:
-            src_ids, src_mask = pad_sources([tokenizer.encode(source)], config.pad_id, config.eos_id)
+        for source, hypotheses in zip(sources, outputs, strict=True):
+            src_ids, src_mask = pad_sources([source], config.pad_id, config.eos_id)
             src, mask = torch.from_numpy(src_ids), torch.from_numpy(src_mask)
-            tgt = torch.tensor([[config.bos_id, *tokenizer.encode(target)]])
+            best = hypotheses[0]
+            # Every token fed: BOS and each token written, but the last of a hypothesis cut at its length limit (an EOS
+            # is not in token_ids and was never fed either).
+            fed = [config.bos_id, *best.token_ids][: len(best.token_ids) + (best.finish_reason is FinishReason.EOS)]
+            tgt = torch.tensor([fed])
             positions = torch.zeros(1, dtype=torch.long)
             past_mask = torch.zeros(1, 0, dtype=torch.bool)
             _, present = model.decode(tgt, positions, model.empty_past(1, tgt.device), past_mask, model.cross_kv(model.encode(src, mask)), mask)
@@ -41,20 +50,20 @@ def cached_values(checkpoint: Path, pairs: list[tuple[str, str]]) -> list[np.nda
 
 
 def test_calibrated_scales_are_each_channels_largest_cached_value_widened_by_the_margin(tiny_checkpoint: Path, tiny_corpus: dict[str, Path]) -> None:
-    """The hooks on the key and value projections see what the decoder caches: checked against the model's own
-    incremental cache, one pair at a time (no padding involved)."""
-    pairs = read_tsv(str(tiny_corpus["valid"]))
+    """The hooks on the key and value projections see what the decoder caches while it translates: checked against
+    the model's own outputs fed back through its full-sequence decode (the same values up to rounding)."""
     loaded = load_checkpoint(tiny_checkpoint)
-    scales = calibrate_cache_scales(loaded.model, loaded.tokenizer, pairs)
+    sources = calibration_sources(tiny_corpus["valid"], loaded.tokenizer)
+    assert len(sources) == 20
+    scales = calibrate_cache_scales(loaded.model, sources)
     assert scales.shape == (loaded.config.n_decoder_layers, 2, loaded.config.d_model)
-    for layer, values in enumerate(cached_values(tiny_checkpoint, pairs)):
-        np.testing.assert_allclose(scales[layer] * INT8_LEVELS / CACHE_SCALE_MARGIN, values.max(axis=1), rtol=1e-5)
+    for layer, values in enumerate(cached_values(tiny_checkpoint, sources)):
+        np.testing.assert_allclose(scales[layer] * INT8_LEVELS / CACHE_SCALE_MARGIN, values.max(axis=1), rtol=1e-4)
 
 
-def test_calibration_without_pairs_is_refused(tiny_checkpoint: Path) -> None:
-    loaded = load_checkpoint(tiny_checkpoint)
-    with pytest.raises(ValueError, match="at least one sentence pair"):
-        calibrate_cache_scales(loaded.model, loaded.tokenizer, [])
+def test_calibration_without_sources_is_refused(tiny_checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="at least one source sentence"):
+        calibrate_cache_scales(load_checkpoint(tiny_checkpoint).model, [])
 
 
 def test_an_int8_cache_dir_binds_int8_caches_and_records_its_calibration(int8_cache_dir: Path, tiny_corpus: dict[str, Path]) -> None:
@@ -62,7 +71,7 @@ def test_an_int8_cache_dir_binds_int8_caches_and_records_its_calibration(int8_ca
     past = [spec for spec in manifest.graph("decoder").inputs if spec.name.startswith("past_")]
     present = [spec for spec in manifest.graph("decoder").outputs if spec.name.startswith("present_")]
     assert past and {spec.dtype for spec in [*past, *present]} == {"int8"}
-    assert manifest.created_by["int8_cache"] == {"calibration": str(tiny_corpus["valid"]), "pairs": 20, "margin": CACHE_SCALE_MARGIN}
+    assert manifest.created_by["int8_cache"] == {"calibration": str(tiny_corpus["valid"]), "sentences": 20, "margin": CACHE_SCALE_MARGIN}
     decoder = onnx.load(str(int8_cache_dir / "decoder.onnx"), load_external_data=False)
     attention = [node for node in decoder.graph.node if node.op_type == "GroupQueryAttention"]
     assert attention
@@ -131,3 +140,27 @@ def test_int8_schemes_measures_each_scheme_again_with_an_int8_cache(tiny_checkpo
                          "--batches", "2", "--beams", "1,2", "--length", "4", "--repeats", "1", "--out", str(out)]) == 0  # fmt: skip
     labels = [line.split(" | ")[0].lstrip("| ") for line in out.read_text().splitlines() if line.startswith("| u8s8-rows")]
     assert labels == ["u8s8-rows", "u8s8-rows + int8 cache"] * 2  # the agreement table, then the tokens/s table
+
+
+def test_an_imported_marian_model_exports_an_int8_cache_and_agrees_with_itself_alone_and_packed(marian_dir: Path, tmp_path: Path) -> None:
+    """The benchmarks of imported shapes export as a user would (nmt-import, then nmt-export per precision): the int8
+    dir's cache is int8, scaled on what the imported model writes for the calibration sentences, and the fp32 dir's stays
+    float32; both keep their parity report's batch invariance."""
+    from nmt_serve.bench.import_timing import ImportTimings, import_and_export
+    from nmt_serve.bench.random_marian import german_sentences
+
+    timings = ImportTimings("marian", parity_limit=4, export_parity=4)
+    checkpoint = import_and_export(marian_dir, "marian", tmp_path, german_sentences(8, seed=1), timings, german_sentences(12, seed=2))
+    dtypes = {precision: {spec.dtype for spec in load_model_dir(checkpoint / f"onnx-{precision}").graph("decoder").inputs if spec.name.startswith("past_")}
+              for precision in ("fp32", "int8")}  # fmt: skip
+    assert dtypes == {"fp32": {"float32"}, "int8": {"int8"}}
+    manifest = load_model_dir(checkpoint / "onnx-int8")
+    assert manifest.created_by["int8_cache"]["sentences"] == 12
+    assert all(manifest.parity["batch"][search]["max_score_diff"] == 0.0 for search in ("greedy", "beam4"))
+
+
+def test_the_self_check_of_an_int8_cache_dir_allows_its_wider_rounding(int8_cache_dir: Path, int8_dir: Path) -> None:
+    """Each dir's reference stores its bound: the int8 cache's (a key or value rounded once more per slot), the float cache's."""
+    bounds = {directory: json.loads((directory / SELF_CHECK_FILE).read_text())["bound"] for directory in (int8_cache_dir, int8_dir)}
+    assert bounds == {int8_cache_dir: INT8_CACHE_BOUND, int8_dir: SELF_CHECK_BOUNDS["int8"]}
+    assert SELF_CHECK_BOUNDS["int8"] < INT8_CACHE_BOUND
