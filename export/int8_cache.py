@@ -1,4 +1,4 @@
-"""An int8 decoder's self-attention cache in int8: per-channel scales calibrated on sentence pairs, and the graph rewritten to use them.
+"""An int8 decoder's self-attention cache in int8: per-channel scales calibrated on sentences, and the graph rewritten to use them.
 
 Why: from 8 rows up, attention over the cache is a third to over half of the int8 decoder call, and it runs
 at the speed of the memory behind the cache (docs/benchmarks.md). ONNX Runtime's GroupQueryAttention keeps
