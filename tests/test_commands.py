@@ -1,4 +1,4 @@
-"""Every console command of pyproject.toml: --version prints the installed package's version; README names those that need an extra."""
+"""Every console command of pyproject.toml: --version prints the installed package's version; docs/operations.md names those that need an extra."""
 
 from __future__ import annotations
 
@@ -23,14 +23,15 @@ def test_command_version_prints_the_package_version(command: str, capsys: pytest
     assert capsys.readouterr().out == f"{command} {version('nmt-serve')}\n"
 
 
-def test_readme_names_every_command_that_needs_an_extra() -> None:
-    """README's list of the commands that exit 2 on a serving install is the set whose module calls require_extra."""
+def test_operations_doc_names_every_command_that_needs_an_extra() -> None:
+    """docs/operations.md's list of the commands that exit 2 on a serving install is the set whose module calls require_extra."""
     needing = set()
     for command, entry in SCRIPTS.items():
         module = importlib.util.find_spec(entry.partition(":")[0])
         assert module is not None and module.origin is not None, command
         if "require_extra(" in Path(module.origin).read_text(encoding="utf-8"):
             needing.add(command)
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    listed = readme.split("On a serving install the commands of other extras (", 1)[1].split(")", 1)[0]
+    operations = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    listed = operations.split("On such an install the commands of other extras exit 2 with a line naming the extra to install: ", 1)[1]
+    listed = listed.split(".", 1)[0]
     assert set(re.findall(r"`(nmt-[a-z0-9-]+)`", listed)) == needing
