@@ -74,7 +74,7 @@ class StepCache:
         self.cross_names = list(cross_names)
         self.narrow_names = [narrow_name(name) for name in self.cross_names]
         self.past_names = [name.replace("present_", "past_", 1) for name in self.present_names]
-        # float32, or int8 where the decoder keeps its self-attention cache quantized (export/kv_cache_scales.py).
+        # float32, or int8 where the decoder keeps its self-attention cache quantized (export/int8_cache.py).
         self.cache_dtype = cache_dtype(session, self.past_names)
         # ONNX Runtime copies an input bound in CPU memory to the device its nodes run on when it is bound, not when
         # the session runs (IOBinding::BindInput). On the CPU the binding reads the live buffers at every run; on
