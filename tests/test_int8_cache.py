@@ -88,8 +88,8 @@ def test_an_int8_cache_dir_binds_int8_caches_and_records_its_calibration(int8_ca
 def test_a_new_slot_holds_the_float_caches_value_rounded_to_its_channels_step(int8_cache_dir: Path, tiny_checkpoint: Path,
                                                                                   tiny_corpus: dict[str, Path], tmp_path: Path) -> None:  # fmt: skip
     """Layer 0's first slot depends on the token and position alone, so the int8 dir and the same export with a float
-    cache compute the same key and value there: the int8 slot must be that value / its channel's scale, rounded half to
-    even and clipped to int8, exactly as the graph's scales say."""
+    cache compute the same key and value there: the int8 slot must be that value / its channel's scale, rounded and
+    clipped to int8, as the graph's scales say."""
     float_dir = tmp_path / "int8-float-cache"
     assert export_main([str(tiny_checkpoint), "--out", str(float_dir), "--precision", "int8", "--no-parity"]) == 0
     assert OrtStep(float_dir).cache.cache_dtype is np.float32
@@ -104,9 +104,14 @@ def test_a_new_slot_holds_the_float_caches_value_rounded_to_its_channels_step(in
         step(rows, np.full(len(sources), -1), np.arange(4, 4 + len(sources)))
         slots[directory] = [np.stack([step.cache.row_cache(row)[index] for row in rows]) for index in (0, 1)]  # past_key_0, past_value_0
     for index, name in enumerate(("past_key_0", "past_value_0")):
-        expected = np.clip(np.round(slots[float_dir][index] / scales[name]), -128, 127)
-        assert slots[int8_cache_dir][index].dtype == np.int8
-        assert np.array_equal(slots[int8_cache_dir][index].astype(np.float64), expected)
+        # In steps of the scale, clipped to int8. How a kernel divides (by the scale, or times its reciprocal) and breaks
+        # a tie may differ between instruction sets, so the stored step is held to within half a step (and a float
+        # rounding's hair) of the exact quotient, not to numpy's own rounding of it.
+        quotient = np.clip(slots[float_dir][index].astype(np.float64) / scales[name], -128, 127)
+        stored = slots[int8_cache_dir][index]
+        assert stored.dtype == np.int8
+        assert np.abs(stored - quotient).max() <= 0.5 + 1e-3
+        assert np.abs(stored).max() > 8  # the values span many steps: a scale off by a large factor would not pass
 
 
 def test_cache_calibration_is_refused_for_a_float_precision(tiny_checkpoint: Path, tiny_corpus: dict[str, Path], tmp_path: Path) -> None:
