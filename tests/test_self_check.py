@@ -57,7 +57,7 @@ def test_export_writes_a_self_check_reference_listed_in_the_manifest(tiny_model_
 
 def test_export_parity_report_names_the_cpu(tiny_model_dir: Path) -> None:
     facts = load_model_dir(tiny_model_dir).parity["cpu"]
-    assert set(facts) == {"vendor", "model_name", "features"}
+    assert {"vendor", "model_name", "features"} <= set(facts) <= {"vendor", "model_name", "features", "family", "model"}
     assert set(facts["features"]) <= set(INT8_FEATURES)
 
 
@@ -68,6 +68,16 @@ def test_cpu_facts_read_the_first_processor(tmp_path: Path) -> None:
     facts = cpu_facts(cpuinfo)
     assert facts == {"vendor": "GenuineIntel", "model_name": "Intel(R) Xeon(R)", "features": ["avx2", "avx512f", "avx512_vnni"]}
     assert describe_cpu(facts) == "Intel(R) Xeon(R) (GenuineIntel; avx2, avx512f, avx512_vnni)"
+
+
+def test_cpu_facts_name_the_family_and_model(tmp_path: Path) -> None:
+    """A brand-only model name ("AMD EPYC", as virtual machines give it) is told apart by its family and model numbers."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+                       "flags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n\n", encoding="utf-8")  # fmt: skip
+    facts = cpu_facts(cpuinfo)
+    assert facts["family"] == 25 and facts["model"] == 17
+    assert describe_cpu(facts) == "AMD EPYC (AuthenticAMD family 25 model 17; avx2, avx512f, avx512bw, avx512_vnni)"
 
 
 def test_self_check_forced_log_probs_equal_torch_teacher_forced(tiny_model_dir: Path, tiny_checkpoint: Path) -> None:
