@@ -15,6 +15,7 @@ from nmt_serve.bench.matmul_ceiling import MatmulCeiling, optimized_decoder, wei
 from nmt_serve.bench.systems import Cell
 from nmt_serve.export.optimize import convert_to_int8
 from nmt_serve.runtime.manifest import load_model_dir
+from nmt_serve.server.engine.jobs import StepProfile
 
 
 def decoder_path(model_dir: Path) -> Path:
@@ -29,7 +30,10 @@ def test_weight_products_are_every_decoder_matmul_and_compute_x_times_w(tiny_mod
     weights = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    feed = {tensor.name: rng.standard_normal((3, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=np.float32) for tensor in model.graph.input}
+    feed = {
+        tensor.name: rng.standard_normal((3, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=np.float32)
+        for tensor in model.graph.input
+    }
     for node, output in zip(model.graph.node, session.run(None, feed), strict=True):
         np.testing.assert_allclose(output, feed[node.input[0]] @ weights[node.input[1]], rtol=1e-4, atol=1e-4)
 
@@ -46,7 +50,9 @@ def test_weight_products_of_an_int8_decoder_are_the_fused_quantized_kernels(tiny
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     # u8s8-rows' products take the quantized rows and each row's scale (export/row_quantization.py)
-    assert {tensor.type.tensor_type.elem_type for tensor in model.graph.input if tensor.name != "row_scale"} == {helper.np_dtype_to_tensor_dtype(np.dtype(element))}
+    assert {tensor.type.tensor_type.elem_type for tensor in model.graph.input if tensor.name != "row_scale"} == {
+        helper.np_dtype_to_tensor_dtype(np.dtype(element))
+    }
     assert ("row_scale" in {tensor.name for tensor in model.graph.input}) == (scheme == "u8s8-rows")
     feed = {tensor.name: np.ones((2, tensor.type.tensor_type.shape.dim[1].dim_value), dtype=helper.tensor_dtype_to_np_dtype(tensor.type.tensor_type.elem_type))
             for tensor in model.graph.input}  # fmt: skip
@@ -78,4 +84,19 @@ def test_ceiling_table_divides_the_ceiling_by_each_target() -> None:
     table = format_ceilings(systems, [cell], {(cell, name): [value] for name, value in medians.items()})
     row = table.splitlines()[-1].split("|")[1:-1]
     # fp32 target 1.15 x 400 = 460, ceiling 900 -> 1.96x; int8 target 1.15 x 1000 = 1150, ceiling 2600 -> 2.26x.
-    assert [value.strip() for value in row] == ["8", "4", "32", "900", "380", "460", "1.96x", "2600", "900", "1150", "2.26x"]
+    assert [value.strip() for value in row] == ["8", "4", "32", "900", "380", "460", "1.96x", "n/a", "2600", "900", "1150", "2.26x", "n/a"]
+
+
+def test_ceiling_table_gives_the_decoder_calls_alone_from_the_step_profile() -> None:
+    """A system whose decoder calls took 3/4 of its step time would run at 4/3 of its tokens/s without the rest."""
+    cell = Cell(batch=1, beam=1, length=32)
+    medians = {"ctranslate2 fp32": 400.0, "ctranslate2 int8": 1000.0, "nmt-serve fp32": 300.0, "nmt-serve int8": 900.0,
+               "nmt-serve fp32 MatMuls alone": 900.0, "nmt-serve int8 MatMuls alone": 2600.0}  # fmt: skip
+    profiles = {
+        "nmt-serve fp32": StepProfile(steps=32, total_s=1.0, decode_s=0.5),
+        "nmt-serve int8": StepProfile(steps=32, total_s=1.0, decode_s=0.75),
+    }
+    systems = [type("S", (), {"name": name, "cell_profiles": {cell: profiles[name]} if name in profiles else {}})() for name in medians]
+    row = format_ceilings(systems, [cell], {(cell, name): [value] for name, value in medians.items()}).splitlines()[-1].split("|")[1:-1]
+    # fp32: 300 / 0.5 = 600 against 1.15 x 400 = 460 -> 1.30x; int8: 900 / 0.75 = 1200 against 1150 -> 1.04x.
+    assert row[7].strip() == "600 (1.30x)" and row[12].strip() == "1200 (1.04x)"
