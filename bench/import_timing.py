@@ -51,9 +51,11 @@ def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: S
     test = work / "parity-sentences.tsv"
     # One line per sentence: tabs and line breaks inside a text (the multilingual table has them) become spaces.
     write_tsv(str(test), [(" ".join(text.split()), "") for text in parity_texts])
-    calibration = work / "calibration-sentences.tsv"
+    cache: list[str] = []  # the int8 export's arguments
     if calibration_texts:
+        calibration = work / "calibration-sentences.tsv"
         write_tsv(str(calibration), [(" ".join(text.split()), "") for text in calibration_texts])
+        cache = ["--cache-calibration", str(calibration)]
     checkpoint = work / "imported"
     started = time.perf_counter()
     run_quietly(["nmt_serve.importers.import_command", family, str(source_dir), "--out", str(checkpoint),
@@ -62,9 +64,9 @@ def import_and_export(source_dir: Path, family: str, work: Path, parity_texts: S
     timings.import_peak_rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6  # ru_maxrss is in kB on Linux
     for precision in PRECISIONS:
         started = time.perf_counter()
-        cache = ["--cache-calibration", str(calibration)] if precision == "int8" and calibration.is_file() else []
         run_quietly(["nmt_serve.export.onnx_export", str(checkpoint), "--out", str(checkpoint / f"onnx-{precision}"), "--precision", precision,
-                     "--parity-test", str(test), "--parity-limit", str(timings.export_parity), *cache])  # fmt: skip
+                     "--parity-test", str(test), "--parity-limit", str(timings.export_parity),
+                     *(cache if precision == "int8" else [])])  # fmt: skip
         timings.export_seconds[precision] = time.perf_counter() - started
     return checkpoint
 

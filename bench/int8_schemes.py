@@ -27,7 +27,7 @@ require_extra("nmt-int8-schemes", "dev", ('torch', 'onnx', 'sacrebleu'))
 from nmt_serve.bench.engine_bench import sample_sources, time_cells
 from nmt_serve.bench.report import write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, add_cell_arguments, cells_from
-from nmt_serve.export.int8_cache import calibrate_cache_scales, calibration_sources, past_cache_scales, quantize_cache_file
+from nmt_serve.export.int8_cache import calibrate_cache_scales, calibration_sources, quantize_cache_file
 from nmt_serve.export.onnx_export import DECODER_FILE, ENCODER_FILE, graph_data_files, graph_spec
 from nmt_serve.export.optimize import INT8_SCHEMES, convert_to_int8
 from nmt_serve.export.parity import check_tensors, compare_searches, decode_searches
@@ -82,8 +82,7 @@ def measure_schemes(checkpoint: Path, fp32_dir: Path, schemes: Sequence[str], te
     results: dict[str, dict[str, Any]] = {}
     for label, model_dir in dirs.items():
         ort_step = OrtStep(model_dir, threads=1)
-        scales_by_past = past_cache_scales(model_dir / DECODER_FILE, ort_step.cache.past_names)
-        tensors = check_tensors(TorchStep(loaded.model), ort_step, sources[:5], cache_scales=scales_by_past)
+        tensors = check_tensors(TorchStep(loaded.model), ort_step, sources[:5])
         search = compare_searches(expected, decode_searches(ort_step, sources, config, "onnx"), tokenizer, references)
         results[label] = {"max_log_prob_diff": tensors["max_abs_log_prob_diff"], "search": search,
                           "bytes": sum(path.stat().st_size for path in model_dir.glob("*.onnx")), "dir": model_dir}  # fmt: skip

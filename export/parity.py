@@ -29,14 +29,13 @@ JOIN_STEPS = (0, 1, 7, 20, 41)  # rows join at these steps, so one call mixes po
 SEARCHES = {"greedy": SearchOptions(beam_size=1), "beam4": SearchOptions(beam_size=4)}
 
 
-def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Sequence[int]], seed: int = 0,
-                  cache_scales: Sequence[np.ndarray | None] = ()) -> dict[str, Any]:  # fmt: skip
+def check_tensors(torch_step: TorchStep, ort_step: OrtStep, sources: Sequence[Sequence[int]], seed: int = 0) -> dict[str, Any]:
     """Both steps in lockstep on the same rows: staggered joins, random beam-like reorders, random tokens.
 
-    Reports the max |diff| of log-probs and of every cached K/V slot. cache_scales: per past K/V tensor, the
-    scale of an int8 cache (export/int8_cache.py), by which its slots are multiplied before the comparison.
+    Reports the max |diff| of log-probs and of every cached K/V slot. The slots of an int8 cache
+    (export/int8_cache.py) are multiplied by their scales, read from the ONNX decoder, before the comparison.
     """
-    scales = list(cache_scales) or [None] * len(ort_step.cache.past_names)
+    scales = past_cache_scales(ort_step.manifest.graph_path(ort_step.model_dir, "decoder"), ort_step.cache.past_names)
     rng = np.random.default_rng(seed)
     for step in (torch_step, ort_step):
         step.begin(sources)
@@ -156,13 +155,12 @@ def run_parity(model_dir: Path, checkpoint_dir: Path, test: Path | None = None, 
     if limit:
         pairs = pairs[:limit]
     tensor_sources = checkpoint.tokenizer.encode_batch([src for src, _ in pairs[:5]])
-    past_scales = past_cache_scales(ort_step.manifest.graph_path(model_dir, "decoder"), ort_step.cache.past_names)
     report: dict[str, Any] = {
         "precision": ort_step.manifest.precision,
         "provider": ort_step.decoder.get_providers()[0],
         "cpu": cpu_facts(),  # int8 results depend on the CPU's instruction sets (runtime/host.py)
         "test": str(test) if test else "random sentences (no references)",
-        "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources], cache_scales=past_scales),
+        "tensors": check_tensors(torch_step, ort_step, [ids[: config.max_positions - 1] for ids in tensor_sources]),
         "search": check_search(torch_step, ort_step, checkpoint.tokenizer, pairs, config),
     }
     search_sources = [ids[: config.max_positions - 1] for ids in checkpoint.tokenizer.encode_batch([src for src, _ in pairs])]

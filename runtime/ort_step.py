@@ -55,6 +55,7 @@ class OrtStep:
     """The Step protocol over a StepCache: rows at different positions share one decoder.onnx call."""
 
     def __init__(self, model_dir: Path, providers: Sequence[str] | None = None, threads: int = 0) -> None:
+        self.model_dir = model_dir
         self.manifest: Manifest = load_model_dir(model_dir)
         config = self.manifest.config
         self.config = config
