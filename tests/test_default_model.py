@@ -36,8 +36,6 @@ def test_default_checkpoint_records_its_test_scores() -> None:
 
 
 ARTIFACT_BUDGET_BYTES = 100_000_000  # everything shipped under artifacts/, both models in all their forms
-
-
 SHIPPED_MODELS = ("de-en-small", "de-en-multi30k")
 CHECKPOINT_FILES = ("CREDITS.md", "config.json", "model.safetensors", "tokenizer.json", "train.json")
 
