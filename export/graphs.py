@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt_serve.model.transformer import Transformer
+from nmt_serve.model.transformer import Transformer, mask_to_bias
 from nmt_serve.runtime.source_group import narrow_name
 
 
@@ -35,15 +35,72 @@ ENCODER_INPUTS = ["src_ids", "src_mask"]
 
 
 class EncoderGraph(nn.Module):
-    """src_ids (N, S) int64, src_mask (N, S) bool -> cross K, V of every decoder layer, each (N, H, S, Dh)."""
+    """src_ids (N, S) int64, src_mask (N, S) bool -> cross K, V of every decoder layer, each (N, H, S, Dh).
+
+    Packed: the embeddings, every weight product, layer norm and feed-forward run on the real tokens alone
+    (T rows, the mask's True positions, as one (1, T, D) sequence); only attention sees the (N, S) layout,
+    its projections gathered into it. A call's products then cost its tokens, not N x S. The products that
+    read one input are one product of stacked weights, so a layer gathers once for its query, key and value,
+    and the decoder's cross keys and values are one product and one gather for all its layers.
+
+    A real position's outputs are those of the padded form: padded keys were masked to exact zero weights
+    there, and the stacked products give each output column the same sum. A padded position of the outputs
+    repeats its source's last real token (the decoder masks it)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
+        self.self_projections = nn.ModuleList(
+            stacked_linear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in model.encoder_layers
+        )
+        self.cross_projection = stacked_linear([projection for layer in model.decoder_layers
+                                                for projection in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])  # fmt: skip
 
     def forward(self, src_ids: Tensor, src_mask: Tensor) -> tuple[Tensor, ...]:
-        memory = self.model.encode(src_ids, src_mask)
-        return tuple(tensor for pair in self.model.cross_kv(memory) for tensor in pair)
+        model = self.model
+        sources, width = src_ids.shape
+        flat_mask = src_mask.reshape(-1)
+        real = torch.nonzero(flat_mask).squeeze(1)  # (T,) flat positions of the real tokens
+        # Each (N, S) position's row among the T: its own for a real token, the last real one before it for padding
+        # (whose keys attention masks and whose queries' results are dropped), so unpacking is one Gather.
+        layout = (torch.cumsum(flat_mask.long(), 0) - 1).clamp(min=0)
+        columns = torch.arange(width, device=src_ids.device).expand(sources, width).reshape(-1)
+        # (1, T, D): three-dimensional rows keep every product a MatMul (ONNX Runtime's optimizer would fuse a
+        # two-dimensional MatMul and its bias into a Gemm, which the int8 conversion's shape inference rejects).
+        # index_select, not indexing: it exports as one Gather (indexing as GatherND with its index reshaped).
+        positions = columns.index_select(0, real).unsqueeze(0)  # a token's position is its column
+        x = model.embed_tokens(src_ids.reshape(1, -1).index_select(1, real), positions)
+        bias = mask_to_bias(src_mask)
+        for layer, projection in zip(model.encoder_layers, self.self_projections, strict=True):
+            attention = layer.self_attn
+            h = layer.sublayer_input(x, layer.norm1)
+            query, key, value = heads(unpack(projection(h), layout, sources, width), 3, attention.n_heads)
+            attended = attention.attend(query, key, value, bias).reshape(1, sources * width, -1).index_select(1, real)
+            x = layer.add_residual(x, attention.out_proj(attended), layer.norm1)
+            x = layer.add_residual(x, layer.ffn(layer.sublayer_input(x, layer.norm2)), layer.norm2)
+        if model.encoder_norm is not None:
+            x = model.encoder_norm(x)
+        return heads(unpack(self.cross_projection(x), layout, sources, width), 2 * len(model.decoder_layers), model.config.n_heads)
+
+
+def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
+    """One Linear computing `linears` (which read the same input) side by side along its outputs."""
+    stacked = nn.Linear(linears[0].in_features, sum(linear.out_features for linear in linears))
+    with torch.no_grad():
+        stacked.weight.copy_(torch.cat([linear.weight for linear in linears]))
+        stacked.bias.copy_(torch.cat([linear.bias for linear in linears]))
+    return stacked.to(linears[0].weight.dtype)
+
+
+def unpack(rows: Tensor, layout: Tensor, sources: int, width: int) -> Tensor:
+    """(1, T, D) rows of the real tokens -> (N, S, D), each position the row `layout` gives it."""
+    return rows.index_select(1, layout).view(sources, width, rows.shape[-1])
+
+
+def heads(stacked: Tensor, parts: int, n_heads: int) -> tuple[Tensor, ...]:
+    """(N, S, parts x D) -> `parts` tensors of (N, H, S, Dh)."""
+    sources, width, total = stacked.shape
+    return tuple(part.reshape(sources, width, n_heads, total // parts // n_heads).transpose(1, 2) for part in stacked.chunk(parts, dim=-1))
 
 
 def example_encoder_inputs(model: Transformer, sources: int = 2, src_len: int = 5) -> tuple[Tensor, Tensor]:

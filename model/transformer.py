@@ -81,13 +81,15 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
 
     def forward(self, x: Tensor, key: Tensor, value: Tensor, bias: Tensor) -> Tensor:
-        batch, length, d_model = x.shape
-        query = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        return self.out_proj(self.attend(self.split_heads(self.q_proj(x)), key, value, bias))
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, bias: Tensor) -> Tensor:
+        """(B, H, T, Dh) query over (B, H, L, Dh) key and value -> (B, T, D), before the output projection."""
+        batch, _, length, _ = query.shape
         # Explicit matmul + softmax: SDPA exports to an ONNX op whose CPU kernel rejects broadcast masks.
         scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim) + bias  # (B, H, T, L)
         weights = self.dropout(torch.softmax(scores.float(), dim=-1).to(value.dtype))
-        out = (weights @ value).transpose(1, 2).reshape(batch, length, d_model)
-        return self.out_proj(out)
+        return (weights @ value).transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)
 
 
 class FeedForward(nn.Module):

@@ -94,6 +94,39 @@ def test_export_empty_past_first_step_matches_torch(fp32_dir: Path, tiny_checkpo
     assert ort_step.cache.positions.tolist() == [1, 1, 1]  # each row has cached its first token
 
 
+def test_encoder_runs_its_products_on_the_real_tokens_only(fp32_dir: Path, tiny_checkpoint: Path) -> None:
+    """Sources of 3, 9 and 5 tokens padded to 14 columns: the first product reads 17 rows, not 42; the stacked
+    projections make four products a layer and one for every decoder layer's cross keys and values; and each
+    source's real positions get PyTorch's padded outputs and its outputs alone."""
+    import onnxruntime as ort
+    import torch
+
+    encoder = onnx.load(str(fp32_dir / "encoder.onnx"))
+    # Weights are initializers, or the Casts of float16 ones (exact halves).
+    weights = {tensor.name for tensor in encoder.graph.initializer}
+    weights |= {node.output[0] for node in encoder.graph.node if node.op_type == "Cast"}
+    products = [node for node in encoder.graph.node if node.op_type == "MatMul" and node.input[1] in weights]  # not attention
+    model = load_checkpoint(tiny_checkpoint).model
+    assert len(products) == 4 * model.config.n_encoder_layers + 1
+    first_rows = products[0].input[0]
+    encoder.graph.output.append(onnx.helper.make_tensor_value_info(first_rows, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(encoder.SerializeToString(), providers=["CPUExecutionProvider"])
+    lengths = [3, 9, 5]
+    ids = np.zeros((3, 14), np.int64)
+    mask = np.zeros((3, 14), bool)
+    for row, length in enumerate(lengths):
+        ids[row, :length], mask[row, :length] = np.arange(5, 5 + length) + row, True
+    *packed, rows = session.run(None, {"src_ids": ids, "src_mask": mask})
+    assert rows.shape[:2] == (1, sum(lengths))
+    with torch.no_grad():
+        padded = [t.numpy() for pair in model.cross_kv(model.encode(torch.from_numpy(ids), torch.from_numpy(mask))) for t in pair]
+    for row, length in enumerate(lengths):
+        *alone, _ = session.run(None, {"src_ids": ids[row:row + 1, :length], "src_mask": mask[row:row + 1, :length]})
+        for ours, reference, by_itself in zip(packed, padded, alone, strict=True):
+            np.testing.assert_allclose(ours[row, :, :length], reference[row, :, :length], atol=1e-5)
+            np.testing.assert_allclose(ours[row, :, :length], by_itself[0], atol=1e-6)
+
+
 def test_export_mixed_positions_and_source_lengths_match_torch(fp32_dir: Path, tiny_checkpoint: Path) -> None:
     """Batch of 4 rows: two continue (one duplicated, as in a beam), one joins at position 0, sources of 3 lengths."""
     torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]])
