@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
-from nmt_serve.model.transformer import Transformer, mask_to_bias
+from nmt_serve.model.transformer import MultiHeadAttention, Transformer, mask_to_bias
 from nmt_serve.runtime.source_group import narrow_name
 
 
@@ -72,15 +74,12 @@ class EncoderGraph(nn.Module):
         x = model.embed_tokens(src_ids.reshape(1, -1).index_select(1, real), positions)
         bias = mask_to_bias(src_mask)
         for layer, projection in zip(model.encoder_layers, self.self_projections, strict=True):
-            attention = layer.self_attn
-            h = layer.sublayer_input(x, layer.norm1)
-            query, key, value = heads(unpack(projection(h), layout, sources, width), 3, attention.n_heads)
-            attended = attention.attend(query, key, value, bias).reshape(1, sources * width, -1).index_select(1, real)
-            x = layer.add_residual(x, attention.out_proj(attended), layer.norm1)
-            x = layer.add_residual(x, layer.ffn(layer.sublayer_input(x, layer.norm2)), layer.norm2)
+            x = layer.around_attention(x, partial(packed_self_attention, layer.self_attn, projection, real, layout, bias, sources, width))
         if model.encoder_norm is not None:
             x = model.encoder_norm(x)
-        return heads(unpack(self.cross_projection(x), layout, sources, width), 2 * len(model.decoder_layers), model.config.n_heads)
+        cross = unpack(self.cross_projection(x), layout, sources, width).chunk(2 * len(model.decoder_layers), dim=-1)
+        attentions = [layer.cross_attn for layer in model.decoder_layers for _ in range(2)]  # each layer's key, then value
+        return tuple(attention.split_heads(part) for attention, part in zip(attentions, cross, strict=True))
 
 
 def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
@@ -92,15 +91,18 @@ def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
     return stacked.to(linears[0].weight.dtype)
 
 
+def packed_self_attention(attention: MultiHeadAttention, projection: nn.Linear, real: Tensor, layout: Tensor, bias: Tensor,
+                          sources: int, width: int, h: Tensor) -> Tensor:  # fmt: skip
+    """The self-attention sublayer on (1, T, D) packed rows: its stacked query, key and value projection gathered into
+    the (N, S) = (sources, width) layout that `bias` masks, attention there, and the real positions' results packed again."""
+    query, key, value = (attention.split_heads(part) for part in unpack(projection(h), layout, sources, width).chunk(3, dim=-1))
+    attended = attention.attend(query, key, value, bias).reshape(1, sources * width, -1).index_select(1, real)
+    return attention.out_proj(attended)
+
+
 def unpack(rows: Tensor, layout: Tensor, sources: int, width: int) -> Tensor:
     """(1, T, D) rows of the real tokens -> (N, S, D), each position the row `layout` gives it."""
     return rows.index_select(1, layout).view(sources, width, rows.shape[-1])
-
-
-def heads(stacked: Tensor, parts: int, n_heads: int) -> tuple[Tensor, ...]:
-    """(N, S, parts x D) -> `parts` tensors of (N, H, S, Dh)."""
-    sources, width, total = stacked.shape
-    return tuple(part.reshape(sources, width, n_heads, total // parts // n_heads).transpose(1, 2) for part in stacked.chunk(parts, dim=-1))
 
 
 def example_encoder_inputs(model: Transformer, sources: int = 2, src_len: int = 5) -> tuple[Tensor, Tensor]:

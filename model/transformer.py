@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +75,8 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        # reshape, not view: the packed encoder's query, key and value are slices of one stacked product.
+        return x.reshape(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
     def project_kv(self, x: Tensor) -> KV:
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
@@ -131,9 +132,12 @@ class EncoderLayer(Sublayers):
         self.norm2 = nn.LayerNorm(config.d_model)
 
     def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        h = self.sublayer_input(x, self.norm1)
-        key, value = self.self_attn.project_kv(h)
-        x = self.add_residual(x, self.self_attn(h, key, value, bias), self.norm1)
+        return self.around_attention(x, lambda h: self.self_attn(h, *self.self_attn.project_kv(h), bias))
+
+    def around_attention(self, x: Tensor, attention: Callable[[Tensor], Tensor]) -> Tensor:
+        """The layer with its self-attention sublayer given as `attention` (its input -> its output, before the residual):
+        forward's own, or the packed encoder's (export/graphs.py), which attends over another layout of the same rows."""
+        x = self.add_residual(x, attention(self.sublayer_input(x, self.norm1)), self.norm1)
         return self.add_residual(x, self.ffn(self.sublayer_input(x, self.norm2)), self.norm2)
 
 
