@@ -93,6 +93,7 @@ class MatmulCeiling:
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         self.inputs = [(tensor.name, int(tensor.type.tensor_type.shape.dim[1].dim_value), tensor.type.tensor_type.elem_type) for tensor in model.graph.input]
+        self.outputs = [(tensor.name, int(tensor.type.tensor_type.shape.dim[1].dim_value)) for tensor in model.graph.output]  # (name, N)
         self.name = f"nmt-serve {label} MatMuls alone"
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
 

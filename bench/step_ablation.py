@@ -6,7 +6,9 @@ on a warm cache in a loop of its own can take four times that inside the step, a
 a sweep through 64 MB of other memory. Here the decoder call is timed without the profiler, as the
 engine makes it (IO binding, each present K/V bound to its past's memory), once as exported and once per variant
 with one part removed; the difference is what that part costs in place. The variants compute nothing useful: they
-are timing instruments, never served.
+are timing instruments, never served. Beside them, in the same rounds, the decoder's weight products alone
+(bench/matmul_ceiling.py) at the same rows: what is left of the call once they and attention are taken away is
+everything else (layer norms, residual adds, activation quantization, log-softmax, gathers, each node's dispatch).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 from importlib.metadata import version
 from pathlib import Path
+from typing import TypeVar
 
 from nmt_serve.model.extras import require_extra
 
@@ -32,6 +34,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from nmt_serve.bench.engine_bench import sample_sources
+from nmt_serve.bench.matmul_ceiling import MatmulCeiling
 from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.manifest import load_model_dir
@@ -45,6 +48,7 @@ logger = logging.getLogger(__name__)
 SELF_ATTENTION = "GroupQueryAttention"
 CROSS_ATTENTION = "MultiHeadAttention"
 AS_EXPORTED = "as exported"
+WEIGHT_PRODUCTS = "weight products alone"
 TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many calls, short enough to interleave often
 @dataclass(frozen=True)
 class Setting:
@@ -145,7 +149,44 @@ def variant_models(decoder: Path, config: ModelConfig) -> dict[str, onnx.ModelPr
     return models
 
 
-class BoundDecoder:
+class BoundCall:
+    """A session with its inputs and outputs bound to memory it keeps; `calls_per_timing` and `time_calls` time it."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+
+    def calls_per_timing(self, seconds: float = TIMING_SECONDS) -> int:
+        """How many calls take about `seconds` (at least 3), from one untimed and one timed call."""
+        self.session.run_with_iobinding(self.binding)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(self.binding)
+        return max(3, int(seconds / max(time.perf_counter() - start, 1e-6)))
+
+    def time_calls(self, calls: int) -> float:
+        """Seconds per call over `calls` calls, after two untimed ones."""
+        for _ in range(2):
+            self.session.run_with_iobinding(self.binding)
+        start = time.perf_counter()
+        for _ in range(calls):
+            self.session.run_with_iobinding(self.binding)
+        return (time.perf_counter() - start) / calls
+
+
+class BoundWeightProducts(BoundCall):
+    """The decoder's weight products alone (bench/matmul_ceiling.py) at `rows` rows, bound like the decoder: no output
+    is allocated per call."""
+
+    def __init__(self, ceiling: MatmulCeiling, rows: int) -> None:
+        self.session, self.binding = ceiling.session, ceiling.session.io_binding()
+        self.inputs = ceiling.feed(rows)
+        self._outputs = [np.zeros((rows, width), dtype=np.float32) for _, width in ceiling.outputs]
+        for name, array in self.inputs.items():
+            self.binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
+        for (name, _), array in zip(ceiling.outputs, self._outputs, strict=True):
+            self.binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+
+
+class BoundDecoder(BoundCall):
     """One decoder session with every input and output bound as the engine binds them, for one Setting."""
 
     def __init__(self, session: ort.InferenceSession, config: ModelConfig, setting: Setting, source_lengths: Sequence[int],
@@ -214,28 +255,12 @@ class BoundDecoder:
         bind_to = self.binding.bind_output if output else self.binding.bind_input
         bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
 
-    def calls_per_timing(self, seconds: float = TIMING_SECONDS) -> int:
-        """How many calls take about `seconds` (at least 3), from one untimed and one timed call."""
-        self.session.run_with_iobinding(self.binding)
-        start = time.perf_counter()
-        self.session.run_with_iobinding(self.binding)
-        return max(3, int(seconds / max(time.perf_counter() - start, 1e-6)))
-
-    def time_calls(self, calls: int) -> float:
-        """Seconds per call over `calls` calls, after two untimed ones."""
-        for _ in range(2):
-            self.session.run_with_iobinding(self.binding)
-        start = time.perf_counter()
-        for _ in range(calls):
-            self.session.run_with_iobinding(self.binding)
-        return (time.perf_counter() - start) / calls
-
 
 K = TypeVar("K")
 
 
-def interleaved_medians(bound: dict[K, BoundDecoder], rounds: int) -> dict[K, float]:
-    """Median seconds per call of each bound decoder over `rounds` rounds, taken in rotated order each round so
+def interleaved_medians(bound: dict[K, BoundCall], rounds: int) -> dict[K, float]:
+    """Median seconds per call of each bound call over `rounds` rounds, taken in rotated order each round so
     that a drift of the machine hits all alike; every timing is as many calls as the first one's ~TIMING_SECONDS."""
     calls = next(iter(bound.values())).calls_per_timing()
     times: dict[K, list[float]] = {key: [] for key in bound}
@@ -258,13 +283,16 @@ def variant_sessions(model_dir: Path, threads: int, work: Path) -> dict[str, ort
 
 def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int, threads: int,
            work: Path) -> dict[Setting, dict[str, float]]:  # fmt: skip
-    """Median seconds per decoder call of every variant in every setting, the variants interleaved."""
+    """Median seconds per decoder call of every variant in every setting, and of the weight products alone at its rows,
+    all interleaved."""
     config = load_model_dir(model_dir, verify_hashes=False).config
     sessions = variant_sessions(model_dir, threads, work)
+    ceiling = MatmulCeiling(model_dir, threads, model_dir.name)
     results: dict[Setting, dict[str, float]] = {}
     for setting in settings:
-        results[setting] = interleaved_medians({name: BoundDecoder(session, config, setting, source_lengths)
-                                                for name, session in sessions.items()}, rounds)  # fmt: skip
+        bound: dict[str, BoundCall] = {name: BoundDecoder(session, config, setting, source_lengths) for name, session in sessions.items()}
+        bound[WEIGHT_PRODUCTS] = BoundWeightProducts(ceiling, setting.rows)
+        results[setting] = interleaved_medians(bound, rounds)
         shown = {name: f"{1e6 * value:.0f} us" for name, value in results[setting].items()}
         logger.info("%s rows %d: %s", model_dir.name, setting.rows, shown)
     return results
@@ -296,12 +324,19 @@ def format_widths(label: str, results: dict[Setting, float]) -> str:
 
 def format_table(label: str, results: dict[Setting, dict[str, float]]) -> str:
     variants = [name for name in VARIANTS if any(name in by_variant for by_variant in results.values())]
-    lines = [f"### {label}", "", "| rows | position | decoder call (us) | " + " | ".join(f"without {name}" for name in variants) + " |",
-             "|---|---|---|" + "---|" * len(variants)]  # fmt: skip
+    header = ["decoder call (us)", WEIGHT_PRODUCTS, *(f"without {name}" for name in variants), "neither weight products nor attention"]
+    lines = [f"### {label}", "", "| rows | position | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+
+    def share(seconds: float, whole: float) -> str:
+        return f"{1e6 * seconds:.0f} us ({100 * seconds / whole:.0f}%)"
+
     for setting, by_variant in results.items():
-        whole = by_variant[AS_EXPORTED]
-        cells = [f"{1e6 * (whole - by_variant[name]):.0f} us ({100 * (whole - by_variant[name]) / whole:.0f}%)" for name in variants]
-        lines.append(f"| {setting.rows} | {setting.position} | {1e6 * whole:.0f} | " + " | ".join(cells) + " |")
+        whole, weights = by_variant[AS_EXPORTED], by_variant[WEIGHT_PRODUCTS]
+        # What the call keeps without attention, less its weight products: every other node and the call itself.
+        rest = by_variant["all attention"] - weights
+        removed = [share(whole - by_variant[name], whole) for name in variants]
+        cells = [f"{1e6 * whole:.0f}", share(weights, whole), *removed, share(rest, whole)]
+        lines.append(f"| {setting.rows} | {setting.position} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -310,7 +345,10 @@ def legend() -> str:
     return ("The decoder call as the engine makes it (every row at the same position, its source lengths taken in turn from "
             "the sampled test sentences, the short sources' cross K/V in the narrow group and the others as wide as the "
             "engine pads them), timed without the profiler; each "
-            "other column is what the call got faster by (time and share of the whole) when one part was taken out:\n\n" + removed)
+            "\"without\" column is what the call got faster by (time and share of the whole) when one part was taken out; "
+            f"{WEIGHT_PRODUCTS}: the decoder's weight products by themselves in one call at the same rows (bench/matmul_ceiling.py), "
+            "timed in the same rounds; neither weight products nor attention: the call without attention less the weight products "
+            "alone (layer norms, residual adds, activation quantization, log-softmax, gathers, each node's dispatch):\n\n" + removed)
 
 
 def build_parser() -> argparse.ArgumentParser:
