@@ -179,10 +179,10 @@ class BoundWeightProducts(BoundCall):
     def __init__(self, ceiling: MatmulCeiling, rows: int) -> None:
         self.session, self.binding = ceiling.session, ceiling.session.io_binding()
         self.inputs = ceiling.feed(rows)
-        self._outputs = [np.zeros((rows, width), dtype=np.float32) for _, width in ceiling.outputs]
+        self.outputs = [np.zeros((rows, width), dtype=np.float32) for _, width in ceiling.outputs]  # what each call writes
         for name, array in self.inputs.items():
             self.binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
-        for (name, _), array in zip(ceiling.outputs, self._outputs, strict=True):
+        for (name, _), array in zip(ceiling.outputs, self.outputs, strict=True):
             self.binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
 
 

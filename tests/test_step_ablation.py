@@ -111,8 +111,8 @@ def test_bound_weight_products_compute_what_a_plain_run_computes(int8_dir: Path)
     bound = BoundWeightProducts(ceiling, 3)
     bound.session.run_with_iobinding(bound.binding)
     plain = ceiling.session.run(None, bound.inputs)
-    assert len(plain) == len(bound._outputs) > 0
-    for kept, expected in zip(bound._outputs, plain, strict=True):
+    assert len(plain) == len(bound.outputs) > 0
+    for kept, expected in zip(bound.outputs, plain, strict=True):
         assert kept.shape == expected.shape and kept.shape[0] == 3
         np.testing.assert_array_equal(kept, expected)
     assert bound.time_calls(2) > 0
