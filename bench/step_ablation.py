@@ -152,8 +152,18 @@ def variant_models(decoder: Path, config: ModelConfig) -> dict[str, onnx.ModelPr
 class BoundCall:
     """A session with its inputs and outputs bound to memory it keeps; `calls_per_timing` and `time_calls` time it."""
 
-    session: ort.InferenceSession
-    binding: ort.IOBinding
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session, self.binding = session, session.io_binding()
+        self.inputs: dict[str, np.ndarray] = {}  # the bound memory (inputs here, outputs below): it must outlive the binding
+        self.outputs: list[np.ndarray] = []  # in the order bound
+
+    def _bind(self, name: str, array: np.ndarray, output: bool = False) -> None:
+        if output:
+            self.outputs.append(array)
+        else:
+            self.inputs[name] = array
+        bind_to = self.binding.bind_output if output else self.binding.bind_input
+        bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
 
     def calls_per_timing(self, seconds: float = TIMING_SECONDS) -> int:
         """How many calls take about `seconds` (at least 3), from one untimed and one timed call."""
@@ -177,13 +187,11 @@ class BoundWeightProducts(BoundCall):
     is allocated per call."""
 
     def __init__(self, ceiling: MatmulCeiling, rows: int) -> None:
-        self.session, self.binding = ceiling.session, ceiling.session.io_binding()
-        self.inputs = ceiling.feed(rows)
-        self.outputs = [np.zeros((rows, width), dtype=np.float32) for _, width in ceiling.outputs]  # what each call writes
-        for name, array in self.inputs.items():
-            self.binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
-        for (name, _), array in zip(ceiling.outputs, self.outputs, strict=True):
-            self.binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+        super().__init__(ceiling.session)
+        for name, array in ceiling.feed(rows).items():
+            self._bind(name, array)
+        for name, width in ceiling.outputs:
+            self._bind(name, np.zeros((rows, width), dtype=np.float32), output=True)
 
 
 class BoundDecoder(BoundCall):
@@ -210,9 +218,7 @@ class BoundDecoder(BoundCall):
         capacity = INITIAL_LENGTH  # the engine's cache capacity: doubled until a row's next token fits
         while capacity < position + 1:
             capacity *= 2
-        self.inputs: dict[str, np.ndarray] = {}  # the bound memory (inputs here, outputs below): it must outlive the binding
-        self._outputs: list[np.ndarray] = []
-        self.session, self.binding = session, session.io_binding()
+        super().__init__(session)
         self.log_probs = np.zeros((rows, config.vocab_size), dtype=np.float32)
         outputs = {output.name for output in session.get_outputs()}
         feeds = {
@@ -246,14 +252,6 @@ class BoundDecoder(BoundCall):
         self._bind("log_probs", self.log_probs, output=True)
         for name in ("candidate_log_probs", "candidate_ids"):
             self.binding.bind_output(name, "cpu")
-
-    def _bind(self, name: str, array: np.ndarray, output: bool = False) -> None:
-        if output:
-            self._outputs.append(array)
-        else:
-            self.inputs[name] = array
-        bind_to = self.binding.bind_output if output else self.binding.bind_input
-        bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
 
 
 K = TypeVar("K")
