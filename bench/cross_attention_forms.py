@@ -25,6 +25,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.model.extras import require_extra
@@ -297,6 +298,7 @@ def parse_counts(text: str, flag: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt-cross-attention-forms", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--sources", default="1,8,32", help="comma-separated source counts")
     parser.add_argument("--queries", default="2,4", help="comma-separated rows per source (the decoder binds at least 2)")
     parser.add_argument("--widths", default="16,32,64", help="comma-separated bound source widths")
