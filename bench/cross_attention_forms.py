@@ -36,11 +36,12 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
+from nmt_serve.bench.bound_call import BoundCall
+from nmt_serve.bench.matmul_ceiling import IR_VERSION
 from nmt_serve.bench.report import rotated, write_report
 
 logger = logging.getLogger(__name__)
 
-IR_VERSION = 9  # accepted by every onnxruntime this project supports
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 SHIPPED = "MultiHeadAttention, key padding mask"
 UNMASKED = "MultiHeadAttention, no mask (attends to padding)"
@@ -72,6 +73,10 @@ class Operands:
     @property
     def mask(self) -> np.ndarray:  # [S, W] int32, 1 where a source has a token
         return (np.arange(self.key.shape[2])[None, :] < self.lengths[:, None]).astype(np.int32)
+
+    @property
+    def scaled_query(self) -> np.ndarray:  # the plain-op forms scale the query once instead of the scores
+        return self.query / np.float32(np.sqrt(self.key.shape[3]))
 
     @property
     def additive(self) -> np.ndarray:  # [S, W] float32: 0 on tokens, a large negative number on padding
@@ -168,8 +173,8 @@ def plain_key_second(shape: Shape, operands: Operands) -> tuple[ModelProto, dict
               _value("key_t", TensorProto.FLOAT, [shape.sources, shape.heads, shape.head_dim, shape.width]),
               _value("value", TensorProto.FLOAT, [shape.sources, shape.heads, shape.width, shape.head_dim]),
               _value("bias", TensorProto.FLOAT, [shape.sources, 1, 1, shape.width])]  # fmt: skip
-    feeds = {"query": operands.query / np.float32(np.sqrt(shape.head_dim)), "key_t": np.ascontiguousarray(operands.key.transpose(0, 1, 3, 2)),
-             "value": operands.value, "bias": operands.additive[:, None, None, :].copy()}  # fmt: skip
+    feeds = {"query": operands.scaled_query, "key_t": np.ascontiguousarray(operands.key.transpose(0, 1, 3, 2)), "value": operands.value,
+             "bias": operands.additive[:, None, None, :].copy()}  # fmt: skip
     return _model(nodes, inputs, shape, _plain_constants(shape)), feeds
 
 
@@ -184,8 +189,8 @@ def plain_key_first(shape: Shape, operands: Operands) -> tuple[ModelProto, dict[
               _value("key", TensorProto.FLOAT, [shape.sources, shape.heads, shape.width, shape.head_dim]),
               _value("value_t", TensorProto.FLOAT, [shape.sources, shape.heads, shape.head_dim, shape.width]),
               _value("bias", TensorProto.FLOAT, [shape.sources, 1, shape.width, 1])]  # fmt: skip
-    feeds = {"query": operands.query / np.float32(np.sqrt(shape.head_dim)), "key": operands.key,
-             "value_t": np.ascontiguousarray(operands.value.transpose(0, 1, 3, 2)), "bias": operands.additive[:, None, :, None].copy()}  # fmt: skip
+    feeds = {"query": operands.scaled_query, "key": operands.key, "value_t": np.ascontiguousarray(operands.value.transpose(0, 1, 3, 2)),
+             "bias": operands.additive[:, None, :, None].copy()}  # fmt: skip
     return _model(nodes, inputs, shape, _plain_constants(shape)), feeds
 
 
@@ -199,25 +204,23 @@ FORMS: dict[str, FormBuilder] = {
 }
 
 
-class BoundForm:
-    """One form's session with its feeds and output bound once (IO binding), as the engine binds the decoder."""
+class BoundForm(BoundCall):
+    """One form's session with its feeds and output bound once, as the engine binds the decoder."""
 
     def __init__(self, builder: FormBuilder, shape: Shape, operands: Operands, threads: int) -> None:
-        model, self.feeds = builder(shape, operands)
+        model, feeds = builder(shape, operands)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        self.output = np.empty((shape.sources, shape.queries, shape.d_model), dtype=np.float32)
-        self.binding = self.session.io_binding()
-        for name, array in self.feeds.items():
-            self.binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
-        self.binding.bind_output("attended", "cpu", 0, np.float32, list(self.output.shape), self.output.ctypes.data)
+        super().__init__(ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
+        for name, array in feeds.items():
+            self._bind(name, array)
+        self._bind("attended", np.empty((shape.sources, shape.queries, shape.d_model), dtype=np.float32), output=True)
 
     def run(self) -> np.ndarray:
         self.session.run_with_iobinding(self.binding)
-        return self.output
+        return self.outputs[0]
 
 
 def checked_forms(shape: Shape, threads: int) -> dict[str, BoundForm]:

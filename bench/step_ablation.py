@@ -17,7 +17,6 @@ import argparse
 import logging
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -33,6 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from nmt_serve.bench.bound_call import BoundCall
 from nmt_serve.bench.engine_bench import sample_sources
 from nmt_serve.bench.matmul_ceiling import MatmulCeiling
 from nmt_serve.bench.report import rotated, write_report
@@ -49,7 +49,6 @@ SELF_ATTENTION = "GroupQueryAttention"
 CROSS_ATTENTION = "MultiHeadAttention"
 AS_EXPORTED = "as exported"
 WEIGHT_PRODUCTS = "weight products alone"
-TIMING_SECONDS = 0.02  # one timing of one variant: long enough to hold many calls, short enough to interleave often
 @dataclass(frozen=True)
 class Setting:
     rows: int
@@ -147,39 +146,6 @@ def variant_models(decoder: Path, config: ModelConfig) -> dict[str, onnx.ModelPr
         if [node.SerializeToString() for node in model.graph.node] != [node.SerializeToString() for node in original.graph.node]:
             models[name] = model
     return models
-
-
-class BoundCall:
-    """A session with its inputs and outputs bound to memory it keeps; `calls_per_timing` and `time_calls` time it."""
-
-    def __init__(self, session: ort.InferenceSession) -> None:
-        self.session, self.binding = session, session.io_binding()
-        self.inputs: dict[str, np.ndarray] = {}  # the bound memory (inputs here, outputs below): it must outlive the binding
-        self.outputs: list[np.ndarray] = []  # in the order bound
-
-    def _bind(self, name: str, array: np.ndarray, output: bool = False) -> None:
-        if output:
-            self.outputs.append(array)
-        else:
-            self.inputs[name] = array
-        bind_to = self.binding.bind_output if output else self.binding.bind_input
-        bind_to(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
-
-    def calls_per_timing(self, seconds: float = TIMING_SECONDS) -> int:
-        """How many calls take about `seconds` (at least 3), from one untimed and one timed call."""
-        self.session.run_with_iobinding(self.binding)
-        start = time.perf_counter()
-        self.session.run_with_iobinding(self.binding)
-        return max(3, int(seconds / max(time.perf_counter() - start, 1e-6)))
-
-    def time_calls(self, calls: int) -> float:
-        """Seconds per call over `calls` calls, after two untimed ones."""
-        for _ in range(2):
-            self.session.run_with_iobinding(self.binding)
-        start = time.perf_counter()
-        for _ in range(calls):
-            self.session.run_with_iobinding(self.binding)
-        return (time.perf_counter() - start) / calls
 
 
 class BoundWeightProducts(BoundCall):
