@@ -2,12 +2,13 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install test serve corpus corpus-packages protos k8s-rules stack stack-down stack-restart stack-test gpu-check
+.PHONY: install test serve kernels corpus corpus-packages protos k8s-rules stack stack-down stack-restart stack-test gpu-check
 
 # torch first and pinned: anything that pulls an unpinned torch would fetch GB of CUDA wheels.
 install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	@$(MAKE) --no-print-directory kernels PYTHON=$(PYTHON)
 
 test: install
 	$(PYTHON) -m pytest -q
@@ -16,7 +17,14 @@ test: install
 # on a machine without an NVIDIA driver, the GPU one where there is one (scripts/serve_extra.sh).
 serve:
 	$(PIP) install -q -e ".[$$(scripts/serve_extra.sh $(PYTHON))]"
+	@$(MAKE) --no-print-directory kernels PYTHON=$(PYTHON)
 	$(PYTHON) -m nmt_serve.server.main $(SERVE_ARGS)
+
+# The native attention kernels (runtime/kernels/; needs g++ and fetches ONNX Runtime's headers from Debian once).
+# Best effort: where they cannot be built the server runs ONNX Runtime's own kernels, and says so.
+kernels:
+	@$(PYTHON) -m nmt_serve.runtime.build_kernels $$([ -f runtime/kernels/ort-headers/onnxruntime_cxx_api.h ] || echo --download-headers) \
+		|| echo "make kernels: not built (the reason is above); the server runs ONNX Runtime's own kernels"
 
 # The real German->English corpus (needs the Debian package trans-de-en; `make corpus-packages`
 # installs it with the packages whose catalogs and help pages the shipped model was trained on).

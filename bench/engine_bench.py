@@ -24,6 +24,7 @@ from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.bench.systems import Cell, CTranslate2System, EngineSystem, System, TorchSystem, add_cell_arguments, cells_from
 from nmt_serve.model.checkpoint import load_checkpoint
 from nmt_serve.model.corpus import read_tsv
+from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY
 from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.server.engine.jobs import StepProfile
 
@@ -31,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, threads: int, with_ct2: bool, workers: int = 1,
-                  torch_device: str = "cpu") -> list[System]:  # fmt: skip
+                  torch_device: str = "cpu", native_kernels: bool = True) -> list[System]:  # fmt: skip
     """workers: translators working in parallel per system, `threads` each (our engines; CTranslate2's
-    inter_threads); PyTorch has no such setting and runs on workers x threads threads."""
+    inter_threads); PyTorch has no such setting and runs on workers x threads threads. native_kernels: each of our
+    model dirs a second time on the native attention kernels, where they are built and the engines run on the CPU."""
     systems: list[System] = [TorchSystem(checkpoint, threads * workers, torch_device)]
     if with_ct2:
         from nmt_serve.bench.ct2_convert import convert_checkpoint
@@ -45,11 +47,22 @@ def build_systems(checkpoint: Path, model_dirs: dict[str, Path], work: Path, thr
             systems.append(CTranslate2System(ct2_dir, tokens, threads, label, workers))
     for label, model_dir in model_dirs.items():
         systems.append(EngineSystem(model_dir, threads, label, engines=workers))
+    systems += native_systems(model_dirs, threads, workers) if native_kernels else []
     # The ceiling is per engine; with several workers the memory system is shared and it would not bound. It times
     # ONNX Runtime's CPU kernels, so it bounds nothing where the engines run on CUDA.
     if workers == 1 and available_providers()[0] == "CPUExecutionProvider":
         systems += [MatmulCeiling(model_dir, threads, label) for label, model_dir in model_dirs.items() if label in TARGETS]
     return systems
+
+
+def native_systems(model_dirs: dict[str, Path], threads: int, workers: int = 1) -> list[System]:
+    """Our model dirs on the native attention kernels (runtime/native_kernels.py), labelled '<precision> native'; none
+    where the library is not built or the engines run on CUDA (the kernels are CPU kernels)."""
+    if not DEFAULT_LIBRARY.is_file() or available_providers()[0] != "CPUExecutionProvider":
+        logger.info("native kernels not built (%s) or not on a CPU: no native systems", DEFAULT_LIBRARY)
+        return []
+    return [EngineSystem(model_dir, threads, f"{label} native", engines=workers, native_kernels=str(DEFAULT_LIBRARY))
+            for label, model_dir in model_dirs.items()]  # fmt: skip
 
 
 def time_cells(systems: list[System], sources: list[list[int]], cells: list[Cell], repeats: int) -> dict[tuple[Cell, str], list[float]]:
@@ -201,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--models", default="default,base", help="default (the shipped model) and/or base (random d512 6+6 V32k)")
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 (when it is not installed)")
+    parser.add_argument("--no-native-kernels", action="store_true",
+                        help="skip our model dirs on the native attention kernels (run by default where nmt-build-kernels built them)")
     parser.add_argument(
         "--precisions",
         default="fp32,int8",
@@ -230,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 checkpoint, model_dirs = build_random_checkpoint(work / "base", precisions=precisions)
                 test = None
-            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2, args.workers, args.torch_device)
+            systems = build_systems(checkpoint, model_dirs, work / model, args.threads, not args.no_ct2, args.workers, args.torch_device,
+                                    not args.no_native_kernels)  # fmt: skip
             # torch and the systems' objects frozen: a full collection (~80 ms over ~170k objects) would
             # otherwise land in a random cell of a random system.
             gc.freeze()

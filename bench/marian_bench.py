@@ -23,7 +23,7 @@ require_extra("nmt-marian-bench", "dev", ["torch", "transformers", "sentencepiec
 
 import torch  # noqa: E402
 
-from nmt_serve.bench.engine_bench import format_table, time_cells  # noqa: E402
+from nmt_serve.bench.engine_bench import format_table, native_systems, time_cells  # noqa: E402
 from nmt_serve.bench.import_timing import ImportTimings, add_import_arguments, import_and_export  # noqa: E402
 from nmt_serve.bench.random_marian import OPUS_MT_SHAPE, OPUS_MT_VOCAB, build_marian_dir, german_sentences  # noqa: E402
 from nmt_serve.bench.report import write_report  # noqa: E402
@@ -78,8 +78,9 @@ def build_systems(source_dir: Path, checkpoint: Path, work: Path, threads: int) 
         ct2_dir = work / f"ct2-{label}"
         ctranslate2.converters.TransformersConverter(str(source_dir)).convert(str(ct2_dir), quantization=quantization)
         systems.append(SourceEosSystem(CTranslate2System(ct2_dir, tokens, threads, label), eos))
-    systems += [EngineSystem(checkpoint / f"onnx-{label}", threads, label) for label in ("fp32", "int8")]
-    return systems
+    model_dirs = {label: checkpoint / f"onnx-{label}" for label in ("fp32", "int8")}
+    systems += [EngineSystem(model_dir, threads, label) for label, model_dir in model_dirs.items()]
+    return systems + native_systems(model_dirs, threads)
 
 
 def format_agreement(checkpoint: Path) -> str:

@@ -76,9 +76,10 @@ class EngineSystem:
     the server's scheduler sends requests, and each engine steps in its own thread."""
 
     def __init__(self, model_dir: Path, threads: int, label: str, metrics: bool = False, engines: int = 1, decoder_profile_prefix: str = "",
-                 target_prefix: tuple[int, ...] = ()) -> None:  # fmt: skip
-        self.runtime = Runtime(model_dir, RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16,
-                                                          decoder_profile_prefix=decoder_profile_prefix))  # fmt: skip
+                 target_prefix: tuple[int, ...] = (), native_kernels: str = "off") -> None:  # fmt: skip
+        settings = RuntimeSettings(intra_op_threads=threads, warmup_rows=8, warmup_src_len=16,
+                                   decoder_profile_prefix=decoder_profile_prefix, native_kernels=native_kernels)  # fmt: skip
+        self.runtime = Runtime(model_dir, settings)
         self.runtime.warm_up()
         # With metrics, every observation the server makes per step and per request is made here too.
         self.metrics = Metrics() if metrics else None

@@ -28,15 +28,32 @@ def available_providers() -> list[str]:
     return [*cuda, "CPUExecutionProvider"]
 
 
-def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0, profile_prefix: str = "") -> ort.InferenceSession:
-    """profile_prefix: where ONNX Runtime writes its per-node profile (PREFIX_<date>.json, at end_profiling); empty = off."""
+def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0, profile_prefix: str = "",
+                 kernels_library: Path | None = None) -> ort.InferenceSession:  # fmt: skip
+    """profile_prefix: where ONNX Runtime writes its per-node profile (PREFIX_<date>.json, at end_profiling); empty = off.
+    kernels_library: a custom-op library (runtime/native_kernels.py) loaded on the CPU provider; if the session cannot be
+    made with it, it is made without, and the reason logged."""
+    chosen = list(providers or available_providers())
+    if kernels_library is not None and chosen[0] == "CPUExecutionProvider":
+        try:
+            return _make_session(path, chosen, threads, profile_prefix, kernels_library)
+        except ValueError as error:
+            logger.warning("%s: not loadable with the native kernels, loaded without them: %s", Path(path).name, error)
+    return _make_session(path, chosen, threads, profile_prefix, None)
+
+
+def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: str, kernels_library: Path | None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
-    chosen = list(providers or available_providers())
+    if kernels_library is not None:
+        try:
+            options.register_custom_ops_library(str(kernels_library))
+        except Exception as error:  # a library ONNX Runtime cannot open or register
+            raise ValueError(f"{kernels_library}: onnxruntime cannot register it: {error}") from error
     # ONNX Runtime's CPU SkipLayerNormalization kernel is ~4x slower per row than the Add + LayerNormalization
     # it replaces (measured: encoder int8 6.1 -> 4.4 ms at 8 x 20 tokens without the fusion, outputs equal).
     disabled = ["SkipLayerNormFusion"] if chosen[0] == "CPUExecutionProvider" else []

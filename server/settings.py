@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from nmt_serve.runtime.manifest import MANIFEST_FILE
+from nmt_serve.runtime.native_kernels import SETTINGS as NATIVE_KERNEL_SETTINGS
 from nmt_serve.server.engine.engine_pool import DEFAULT_WORKER_NICENESS
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "de-en-small" / "onnx-int8"
@@ -72,6 +73,9 @@ class ServerSettings:
     # cores from the compute when both want them (server/engine/engine_pool.py); 0 = the server's own priority.
     worker_niceness: int = DEFAULT_WORKER_NICENESS
     providers: str = ""  # comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU
+    # The decoder's attention on the native kernels (runtime/native_kernels.py): 'auto' = when `nmt-build-kernels` has
+    # built them, 'off' = ONNX Runtime's own, or the path of a built library. CPU only.
+    native_kernels: str = "auto"
     # Lifecycle and security.
     grace_s: float = 20.0  # SIGTERM: in-flight calls get this long to finish
     # SIGTERM: after health NOT_SERVING and the port stops accepting connections, calls on open connections are still
@@ -109,6 +113,9 @@ class ServerSettings:
                 problems.append(f"{flag_name(name)} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.burst_hold_share <= 1:
             problems.append(f"--burst-hold-share must be between 0 (never) and 1, got {self.burst_hold_share:g}")
+        if self.native_kernels not in NATIVE_KERNEL_SETTINGS and not Path(self.native_kernels).is_file():
+            problems.append(f"--native-kernels must be 'auto', 'off' or the path of a built library, got {self.native_kernels!r} "
+                            "(no such file; `nmt-build-kernels --out PATH` builds one)")
         if not 0 <= self.worker_niceness <= 19:
             problems.append(f"--worker-niceness must be between 0 and 19, got {self.worker_niceness}")
         if not 0 <= self.port <= 65535:
@@ -165,6 +172,8 @@ MEANINGS = {
     "worker_niceness": "added to the engine worker threads' nice value, so the event loop taking calls in wins the cores "
                        "from the compute; 0 = the server's own priority",
     "providers": "comma-separated ONNX Runtime providers; empty = CUDA when a GPU is present, else CPU",
+    "native_kernels": "the decoder's attention on the native kernels on a CPU: 'auto' = when `nmt-build-kernels` has built them, "
+                      "'off' = ONNX Runtime's own, or the path of a built library",
     "grace_s": "SIGTERM: in-flight calls get this long to finish",
     "drain_settle_s": "SIGTERM: calls on open connections are still served this long after health NOT_SERVING and the port closing, "
                       "before new calls are refused; 0 = refuse at once",

@@ -12,6 +12,7 @@ import numpy as np
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
+from nmt_serve.runtime.native_kernels import resolve_native_kernels
 from nmt_serve.runtime.ort_step import available_providers, make_session
 from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_model_dir
 from nmt_serve.runtime.step_cache import StepCache
@@ -26,6 +27,9 @@ class RuntimeSettings:
     warmup_rows: int = 64  # the largest decoder batch warm-up runs before the engine reports ready
     warmup_src_len: int = 64
     decoder_profile_prefix: str = ""  # ONNX Runtime's per-node profile of the decoder (bench/step_profile.py); empty = off
+    # The decoder's attention on the native kernels (runtime/native_kernels.py): 'auto' = when built, 'off', or a library
+    # path. Off by default here; the server's flag defaults to 'auto'.
+    native_kernels: str = "off"
 
 
 class Runtime:
@@ -38,9 +42,11 @@ class Runtime:
         self.tokenizer = Tokenizer.load(self.model_dir)
         providers = list(settings.providers) or available_providers()
         self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
+        self.native_kernels = resolve_native_kernels(settings.native_kernels)
         self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads,
-                                    settings.decoder_profile_prefix)
+                                    settings.decoder_profile_prefix, self.native_kernels.path if self.native_kernels else None)
         self.provider = self.decoder.get_providers()[0]
+        self.kernels_in_use: list[str] = []  # the native kernels warm-up saw run (a float-cache dir's self-attention stays ORT's)
         self.cross_names = list(self.manifest.output_names("encoder"))
         self.settings = settings
         self.ready = False
@@ -64,9 +70,14 @@ class Runtime:
         index = np.arange(rows, dtype=np.int64)
         tokens = np.full(rows, self.config.bos_id, dtype=np.int64)
         cache = self.new_step_cache()
+        calls_before = self.native_kernels.calls() if self.native_kernels else {}
         for parents in (np.full(rows, -1, dtype=np.int64), index):  # a first step, then one with a past
             cache.arrange(parents, tokens, index, index, cross, src_mask)
             cache.run()
+        if self.native_kernels:
+            self.kernels_in_use = [name for name, calls in self.native_kernels.calls().items() if calls > calls_before[name]]
+            logger.info("native kernels (%s) ran the decoder's %s; ONNX Runtime's own kernels the rest", self.native_kernels.path,
+                        " and ".join(name.replace("_", "-") for name in self.kernels_in_use) or "nothing")
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)

@@ -107,7 +107,8 @@ def load_models(settings: ServerSettings, plan: WorkerPlan, providers: tuple[str
     limits = EngineLimits(max_rows=plan.max_rows, max_cache_tokens=settings.max_cache_tokens, join_wait_steps=settings.join_wait_steps,
                           join_group=settings.join_group)  # fmt: skip
     queue_limits = QueueLimits(max_requests=settings.max_queued_requests, max_tokens=settings.max_queued_tokens)
-    runtime_settings = RuntimeSettings(providers=providers, intra_op_threads=plan.threads, warmup_rows=min(plan.max_rows, 64))
+    runtime_settings = RuntimeSettings(providers=providers, intra_op_threads=plan.threads, warmup_rows=min(plan.max_rows, 64),
+                                       native_kernels=settings.native_kernels)
     cache = TranslationCache(settings.cache_mb << 20) if settings.cache_mb else None
     models = []
     for name, model_dir in names.items():

@@ -1,0 +1,45 @@
+// The custom-op library's kernels, each an ONNX Runtime CPU kernel for one com.microsoft operator in the form the
+// exporter writes, and the count of its runs in this process.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace nmt_kernels {
+
+constexpr int64_t kFastHeadDim = 64;  // every model this project exports or imports has 64-wide heads
+
+// A node or input this library's kernels do not run: an error naming the kernel and what is wrong. Thrown while the
+// session is made, it makes the runtime make the session without the library (runtime/ort_step.py).
+[[noreturn]] inline void refuse(const char* kernel, const std::string& what) {
+  ORT_CXX_API_THROW(std::string("nmt-serve ") + kernel + " kernel: " + what + " (it runs only the decoder graphs nmt-serve writes)",
+                    ORT_INVALID_ARGUMENT);
+}
+
+// A node attribute (float or int64_t), or `fallback` where the node does not set it.
+template <typename T>
+T optional_attribute(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
+  try {
+    return info.GetAttribute<T>(name);
+  } catch (const Ort::Exception&) {
+    return fallback;
+  }
+}
+
+// Whether the node feeds its input `index`: an absent optional input has an empty name or lies past the node's inputs.
+inline bool has_input(const Ort::ConstKernelInfo& info, size_t index) {
+  return index < info.GetInputCount() && !info.GetInputName(index).empty();
+}
+
+const OrtCustomOp* cross_attention_op();  // MultiHeadAttention over each source's cross K/V (cross_attention.cc)
+uint64_t cross_attention_calls();
+
+// GroupQueryAttention over the self-attention cache (self_attention.cc), one op per cache type
+const OrtCustomOp* self_attention_op_int8();
+const OrtCustomOp* self_attention_op_float();
+uint64_t self_attention_calls();
+
+}  // namespace nmt_kernels

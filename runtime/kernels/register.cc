@@ -1,0 +1,39 @@
+// The library's entry points: RegisterCustomOps, which ONNX Runtime calls when a session loads the library, and the
+// run counters the runtime reads through ctypes.
+//
+// Built by runtime/build_kernels.py against ONNX Runtime's C API headers, with no link to ONNX Runtime: the API table
+// comes from the session at registration. Compiled for AVX2 + FMA, which every supported x86-64 CPU has.
+
+#include <mutex>
+#include <vector>
+
+#include "kernels.h"
+
+extern "C" {
+
+uint64_t nmt_cross_attention_calls() { return nmt_kernels::cross_attention_calls(); }
+uint64_t nmt_self_attention_calls() { return nmt_kernels::self_attention_calls(); }
+
+// Registers the kernels under com.microsoft: ONNX Runtime searches a session's custom registries before its own, so
+// they run the graph's nodes of those operators (on disk the graph keeps only stock operators).
+OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // an ONNX Runtime older than the headers: nothing registered, its own kernels run
+  Ort::InitApi(api);
+  static std::vector<Ort::CustomOpDomain> domains;  // must outlive every session registered with them
+  static std::mutex domains_lock;
+  std::lock_guard<std::mutex> hold(domains_lock);
+  try {
+    Ort::CustomOpDomain domain{"com.microsoft"};
+    domain.Add(nmt_kernels::cross_attention_op());
+    domain.Add(nmt_kernels::self_attention_op_int8());
+    domain.Add(nmt_kernels::self_attention_op_float());
+    Ort::UnownedSessionOptions(options).Add(domain);
+    domains.push_back(std::move(domain));
+  } catch (const Ort::Exception& error) {
+    return Ort::GetApi().CreateStatus(error.GetOrtErrorCode(), error.what());
+  }
+  return nullptr;
+}
+
+}  // extern "C"
