@@ -24,6 +24,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY, KERNELS_DIR
@@ -155,6 +156,7 @@ def build_library(include: Path, out: Path, compiler: str = "g++") -> Path:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(prog="nmt-build-kernels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nmt-serve')}")
     parser.add_argument("--include", type=Path, help="a directory with ONNX Runtime's C and C++ API headers")
     parser.add_argument("--download-headers", action="store_true", help=f"fetch Debian's {DEBIAN_PACKAGE} headers first (network)")
     parser.add_argument("--out", type=Path, default=DEFAULT_LIBRARY, help="where the library goes (default: where the runtime looks)")

@@ -134,3 +134,15 @@ def imported_nllb(nllb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     assert import_main(["nllb", str(nllb_dir), "--out", str(out), "--export", "fp32,int8", "--parity-test", str(test), "--parity-limit", "6",
                         "--source-language", "de", "--target-language", "ru"]) == 0  # fmt: skip
     return out
+
+
+@pytest.fixture(scope="session")
+def native_kernels_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The native attention kernels built in this session (runtime/build_kernels.py) from headers already on this
+    machine (`make install` fetches them); skipped, with the reason, where there are none or no compiler."""
+    from nmt_serve.runtime.build_kernels import BuildError, build_library, find_headers
+
+    try:
+        return build_library(find_headers(None), tmp_path_factory.mktemp("kernels") / "libnmt_kernels.so")
+    except BuildError as error:
+        pytest.skip(f"native kernels not buildable here: {error}")

@@ -39,9 +39,10 @@ def per_tensor_dir(tiny_model_dir: Path, int8_dir: Path, tmp_path_factory: pytes
     return out
 
 
-def run_plan(model_dir: Path, plan: list[tuple[int, int, SearchOptions]] = PLAN) -> list[tuple[Job, list[int], SearchOptions]]:
+def run_plan(model_dir: Path, plan: list[tuple[int, int, SearchOptions]] = PLAN,
+             native_kernels: str = "off") -> list[tuple[Job, list[int], SearchOptions]]:  # fmt: skip
     """The plan's requests through one engine, each submitted at its step; the finished jobs."""
-    runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8))
+    runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=native_kernels))
     engine = Engine(runtime)
     jobs = []
     for step in range(8):
@@ -56,9 +57,9 @@ def run_plan(model_dir: Path, plan: list[tuple[int, int, SearchOptions]] = PLAN)
     raise AssertionError("engine did not finish")
 
 
-def alone(model_dir: Path, source: list[int], options: SearchOptions) -> list[Hypothesis]:
+def alone(model_dir: Path, source: list[int], options: SearchOptions, native_kernels: str = "off") -> list[Hypothesis]:
     """The request through the same engine with nothing beside it."""
-    ((job, _, _),) = run_plan(model_dir, [(0, SOURCES.index(source), options)])
+    ((job, _, _),) = run_plan(model_dir, [(0, SOURCES.index(source), options)], native_kernels)
     return job.hypotheses
 
 
@@ -74,6 +75,19 @@ def test_engine_gives_each_request_its_alone_result_bit_for_bit(precision: str, 
     for job, source, options in run_plan(model_dir):
         assert job.outcome is Outcome.OK
         assert outputs(job.hypotheses) == outputs(alone(model_dir, source, options))
+
+
+@pytest.mark.parametrize("precision", ["int8 with an int8 cache", "fp32"])
+def test_engine_on_native_kernels_gives_each_request_its_alone_result_bit_for_bit(precision: str, native_kernels_library: Path,
+                                                                                   int8_cache_dir: Path, tiny_model_dir: Path) -> None:  # fmt: skip
+    """The same plan with the decoder's attention on the native kernels (runtime/native_kernels.py): each request's
+    token ids and scores equal its run alone exactly, and its tokens its tokens on ONNX Runtime's kernels."""
+    model_dir = {"int8 with an int8 cache": int8_cache_dir, "fp32": tiny_model_dir}[precision]
+    native, stock = run_plan(model_dir, native_kernels=str(native_kernels_library)), run_plan(model_dir)
+    for (job, source, options), (stock_job, _, _) in zip(native, stock, strict=True):
+        assert job.outcome is Outcome.OK
+        assert outputs(job.hypotheses) == outputs(alone(model_dir, source, options, str(native_kernels_library)))
+        assert [hypothesis.token_ids for hypothesis in job.hypotheses] == [hypothesis.token_ids for hypothesis in stock_job.hypotheses]
 
 
 def test_engine_on_per_tensor_int8_scales_depends_on_the_batch(per_tensor_dir: Path) -> None:

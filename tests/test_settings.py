@@ -42,6 +42,8 @@ def test_every_field_reads_its_environment_variable_and_flags_win() -> None:
     (["--worker-niceness", "20"], {}, "--worker-niceness must be between 0 and 19, got 20"),
     ([], {"NMT_WORKER_NICENESS": "-1"}, "--worker-niceness must be between 0 and 19, got -1"),
     (["--cache-mb", "-1"], {}, "--cache-mb must be at least 0, got -1"),
+    (["--native-kernels", "/no/such/libnmt_kernels.so"], {}, "--native-kernels must be 'auto', 'off' or the path of a built library"),
+    ([], {"NMT_NATIVE_KERNELS": "on"}, "--native-kernels must be 'auto', 'off' or the path of a built library, got 'on'"),
 ])  # fmt: skip
 def test_bad_settings_are_named(argv: list[str], environ: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
