@@ -42,15 +42,19 @@ def run_both(path: Path, library: Path, feeds: dict[str, np.ndarray], kernel: st
 def cross_attention_feeds(rng: np.random.Generator, sources: int, queries: int, keys: int, heads: int, head_dim: int,
                           mask: str) -> dict[str, np.ndarray]:  # fmt: skip
     """Query (S, Q, H * Dh), key and value (S, H, L, Dh), and a key padding mask: right padding of random length
-    (at least one key kept), or random holes anywhere."""
-    if mask == "right padding":
+    (at least one key kept), or random holes anywhere; "repeated queries": every query of a source its first one, as
+    the engine fills a source's query slots."""
+    if mask.startswith("right padding"):
         lengths = rng.integers(1, keys + 1, sources)
         keep = (np.arange(keys)[None, :] < lengths[:, None]).astype(np.int32)
     else:
         keep = (rng.random((sources, keys)) < 0.6).astype(np.int32)
         keep[:, rng.integers(0, keys)] = 1
+    query = rng.standard_normal((sources, queries, heads * head_dim), dtype=np.float32)
+    if mask.endswith("repeated queries"):
+        query[:, 1:] = query[:, :1]
     return {
-        "query": rng.standard_normal((sources, queries, heads * head_dim), dtype=np.float32),
+        "query": query,
         "key": rng.standard_normal((sources, heads, keys, head_dim), dtype=np.float32) * 2,
         "value": rng.standard_normal((sources, heads, keys, head_dim), dtype=np.float32),
         "mask": keep,
@@ -60,7 +64,8 @@ def cross_attention_feeds(rng: np.random.Generator, sources: int, queries: int, 
 @pytest.mark.parametrize(
     ("sources", "queries", "keys", "heads", "head_dim", "mask"),
     [(1, 1, 1, 4, 64, "right padding"), (3, 2, 17, 4, 64, "right padding"), (33, 4, 40, 8, 64, "right padding"),
-     (5, 2, 23, 4, 64, "holes"), (4, 3, 9, 2, 16, "right padding"), (4, 2, 12, 2, 24, "holes")],
+     (5, 2, 23, 4, 64, "holes"), (4, 3, 9, 2, 16, "right padding"), (4, 2, 12, 2, 24, "holes"),
+     (6, 2, 19, 4, 64, "right padding, repeated queries")],
 )  # fmt: skip
 def test_cross_attention_kernel_matches_onnxruntime(native_kernels_library: Path, tmp_path: Path, sources: int, queries: int,
                                                     keys: int, heads: int, head_dim: int, mask: str) -> None:  # fmt: skip

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -94,30 +95,37 @@ struct CrossAttentionTask {
   const float* query;
   const float* key;
   const float* value;
-  const std::vector<std::vector<int>>* live;  // per source: the key positions its mask keeps
+  const int* live;         // (S, L): each source's kept key positions first, in order
+  const int* live_counts;  // (S): how many keys each source keeps
   float* out;
 };
 
-// One (source, head) pair: every query of that source against its live keys.
+// One (source, head) pair: every query of that source against its live keys. A query bitwise equal to the source's
+// first one (the engine repeats a source's first row to fill its query slots, and a beam's rows start alike) gets a
+// copy of that query's output: the same inputs give the same output, and a greedy source costs one query, not two.
 void attend_source_head(void* data, size_t index) {
   const auto& task = *static_cast<const CrossAttentionTask*>(data);
   const CrossAttentionShape& shape = task.shape;
   const int64_t source = static_cast<int64_t>(index) / shape.heads, head = static_cast<int64_t>(index) % shape.heads;
-  const std::vector<int>& live = (*task.live)[source];
-  const int n = static_cast<int>(live.size());
+  const int* live = task.live + source * shape.keys;
+  const int n = task.live_counts[source];
   const int64_t block = ((source * shape.heads + head) * shape.keys) * shape.head_dim;  // (S, H, L, Dh)
   thread_local std::vector<float> weights;
   weights.resize(static_cast<size_t>(shape.keys) + 8);
+  const int64_t first = source * shape.queries * shape.model_dim + head * shape.head_dim;
+  const size_t head_bytes = static_cast<size_t>(shape.head_dim) * sizeof(float);
   for (int64_t q = 0; q < shape.queries; ++q) {
     const int64_t row = (source * shape.queries + q) * shape.model_dim + head * shape.head_dim;  // (S, Q, H * Dh)
-    if (shape.head_dim == kFastHeadDim) {
-      score_keys_64(task.query + row, task.key + block, live.data(), n, task.scale, weights.data());
+    if (q > 0 && std::memcmp(task.query + row, task.query + first, head_bytes) == 0) {
+      std::memcpy(task.out + row, task.out + first, head_bytes);
+    } else if (shape.head_dim == kFastHeadDim) {
+      score_keys_64(task.query + row, task.key + block, live, n, task.scale, weights.data());
       softmax_in_place(weights.data(), n);
-      weigh_values_64(weights.data(), task.value + block, live.data(), n, task.out + row);
+      weigh_values_64(weights.data(), task.value + block, live, n, task.out + row);
     } else {
-      score_keys_any(task.query + row, task.key + block, live.data(), n, shape.head_dim, task.scale, weights.data());
+      score_keys_any(task.query + row, task.key + block, live, n, shape.head_dim, task.scale, weights.data());
       softmax_in_place(weights.data(), n);
-      weigh_values_any(weights.data(), task.value + block, live.data(), n, shape.head_dim, task.out + row);
+      weigh_values_any(weights.data(), task.value + block, live, n, shape.head_dim, task.out + row);
     }
   }
 }
@@ -147,13 +155,14 @@ class CrossAttentionKernel {
     const CrossAttentionShape shape = check_shapes(query_shape, key_shape, value, bias, mask);
     Ort::UnownedValue out = context.GetOutput(0, query_shape);
     const int32_t* keep = mask.GetTensorData<int32_t>();
-    std::vector<std::vector<int>> live(static_cast<size_t>(shape.sources));
+    std::vector<int> live(static_cast<size_t>(shape.sources * shape.keys)), live_counts(static_cast<size_t>(shape.sources), 0);
     for (int64_t s = 0; s < shape.sources; ++s)
       for (int64_t j = 0; j < shape.keys; ++j)
-        if (keep[s * shape.keys + j] != 0) live[s].push_back(static_cast<int>(j));
+        if (keep[s * shape.keys + j] != 0) live[s * shape.keys + live_counts[s]++] = static_cast<int>(j);
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     CrossAttentionTask task{shape, scale, query.GetTensorData<float>(), key.GetTensorData<float>(),
-                            value.GetTensorData<float>(), &live, out.GetTensorMutableData<float>()};
+                            value.GetTensorData<float>(), live.data(), live_counts.data(),
+                            out.GetTensorMutableData<float>()};
     context.ParallelFor(attend_source_head, static_cast<size_t>(shape.sources * shape.heads), 0, &task);
     g_calls.fetch_add(1, std::memory_order_relaxed);
   }
