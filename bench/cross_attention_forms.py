@@ -11,7 +11,8 @@ the same arithmetic with stock operators, so that the choice of form rests on a 
   K is timed), softmax over the last axis, then P V;
 - plain ops with K as the first operand: scores^T = K Q^T and out^T = V^T P^T (V fed already transposed), so the
   large operands are read in place and only the small one is packed;
-- MultiHeadAttention with no mask at all: not a usable form (it attends to padding), listed as what the mask costs.
+- MultiHeadAttention with no mask at all: not a usable form (it attends to padding), listed as what the mask costs;
+- where the native attention kernels are built (runtime/native_kernels.py), the shipped form on them.
 
 Each usable form's output is checked against a numpy reference before it is timed. Every call is timed alone; with
 --evict-mb, that much memory is written before each call, as a step's weights and other layers evict the caches.
@@ -39,12 +40,14 @@ from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 from nmt_serve.bench.bound_call import BoundCall
 from nmt_serve.bench.matmul_ceiling import IR_VERSION
 from nmt_serve.bench.report import rotated, write_report
+from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY, NativeKernels
 
 logger = logging.getLogger(__name__)
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 SHIPPED = "MultiHeadAttention, key padding mask"
 UNMASKED = "MultiHeadAttention, no mask (attends to padding)"
+NATIVE = "MultiHeadAttention, key padding mask, native kernels"
 TOLERANCE = 1e-4  # float32 attention over at most a few hundred positions; every usable form stays far inside it
 
 
@@ -204,15 +207,24 @@ FORMS: dict[str, FormBuilder] = {
 }
 
 
-class BoundForm(BoundCall):
-    """One form's session with its feeds and output bound once, as the engine binds the decoder."""
+def available_forms() -> dict[str, FormBuilder]:
+    """FORMS, and the shipped form on the native attention kernels where they are built."""
+    return {**FORMS, NATIVE: mha_key_padding} if DEFAULT_LIBRARY.is_file() else dict(FORMS)
 
-    def __init__(self, builder: FormBuilder, shape: Shape, operands: Operands, threads: int) -> None:
+
+class BoundForm(BoundCall):
+    """One form's session with its feeds and output bound once, as the engine binds the decoder; `kernels_library`: a
+    custom-op library loaded into the session (the native attention kernels)."""
+
+    def __init__(self, builder: FormBuilder, shape: Shape, operands: Operands, threads: int, kernels_library: Path | None = None) -> None:
         model, feeds = builder(shape, operands)
+        self.kernels_library = kernels_library
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        if kernels_library is not None:
+            options.register_custom_ops_library(str(kernels_library))
         super().__init__(ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
         for name, array in feeds.items():
             self._bind(name, array)
@@ -224,14 +236,19 @@ class BoundForm(BoundCall):
 
 
 def checked_forms(shape: Shape, threads: int) -> dict[str, BoundForm]:
-    """Every form bound to the same data; a usable form whose output is not the reference's is refused."""
+    """Every form bound to the same data; a usable form whose output is not the reference's is refused, and so is the
+    native form where ONNX Runtime did not run the library's kernel."""
     operands = random_operands(shape)
     expected = reference(shape, operands)
-    forms = {name: BoundForm(builder, shape, operands, threads) for name, builder in FORMS.items()}
+    forms = {name: BoundForm(builder, shape, operands, threads, DEFAULT_LIBRARY if name == NATIVE else None)
+             for name, builder in available_forms().items()}  # fmt: skip
     for name, form in forms.items():
+        calls = NativeKernels(DEFAULT_LIBRARY).calls()["cross_attention"] if name == NATIVE else 0
         error = float(np.abs(form.run() - expected).max())
         if name != UNMASKED and error > TOLERANCE:
             raise RuntimeError(f"{name} at {shape}: output {error:.2e} from the reference (bound {TOLERANCE})")
+        if name == NATIVE and NativeKernels(DEFAULT_LIBRARY).calls()["cross_attention"] != calls + 1:
+            raise RuntimeError(f"{name}: ONNX Runtime ran its own kernel, not the library's")
     return forms
 
 
@@ -265,7 +282,7 @@ def measure(shapes: Sequence[Shape], rounds: int, calls: int, evict_mb: int, thr
 
 
 def format_table(results: dict[Shape, dict[str, float]]) -> str:
-    names = list(FORMS)
+    names = list(next(iter(results.values())))
     head = "| sources | queries | width | " + " | ".join(names) + " |"
     rows = [head, "|" + "---|" * (3 + len(names))]
     for shape, by_form in results.items():

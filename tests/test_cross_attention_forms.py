@@ -10,10 +10,12 @@ import pytest
 from nmt_serve.bench import cross_attention_forms
 from nmt_serve.bench.cross_attention_forms import (
     FORMS,
+    NATIVE,
     SHIPPED,
     UNMASKED,
     BoundForm,
     Shape,
+    available_forms,
     checked_forms,
     main,
     mha_key_padding,
@@ -59,10 +61,18 @@ def test_report_has_a_row_per_shape_and_a_ratio_per_form(tmp_path: Path) -> None
     assert len(rows) == 2
     for row in rows:
         cells = row.strip("|").split("|")
-        assert len(cells) == 3 + len(FORMS)
+        assert len(cells) == 3 + len(available_forms())
         assert cells[3].strip().endswith(" us") and "x)" not in cells[3]  # the shipped form: the baseline
         assert all(cell.strip().endswith("x)") for cell in cells[4:])
     assert SHIPPED in report
+
+
+def test_the_native_form_is_checked_and_runs_the_librarys_kernel(native_kernels_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the native attention kernels are built, the shipped form runs on them too, checked against the reference
+    (and against ONNX Runtime running its own kernel instead: the library's call count must grow)."""
+    monkeypatch.setattr(cross_attention_forms, "DEFAULT_LIBRARY", native_kernels_library)
+    forms = checked_forms(SMALL, threads=1)
+    assert NATIVE in forms and forms[NATIVE].kernels_library == native_kernels_library
 
 
 @pytest.mark.parametrize(("argv", "message"), [(["--sources", "0"], "--sources"), (["--widths", "a"], "--widths"),

@@ -43,13 +43,15 @@ def cross_attention_feeds(rng: np.random.Generator, sources: int, queries: int, 
                           mask: str) -> dict[str, np.ndarray]:  # fmt: skip
     """Query (S, Q, H * Dh), key and value (S, H, L, Dh), and a key padding mask: right padding of random length
     (at least one key kept), or random holes anywhere; "repeated queries": every query of a source its first one, as
-    the engine fills a source's query slots."""
+    the engine fills a source's query slots; "one source all masked": the first source keeps no key."""
     if mask.startswith("right padding"):
         lengths = rng.integers(1, keys + 1, sources)
         keep = (np.arange(keys)[None, :] < lengths[:, None]).astype(np.int32)
     else:
         keep = (rng.random((sources, keys)) < 0.6).astype(np.int32)
         keep[:, rng.integers(0, keys)] = 1
+    if mask.endswith("all masked"):
+        keep[0] = 0
     query = rng.standard_normal((sources, queries, heads * head_dim), dtype=np.float32)
     if mask.endswith("repeated queries"):
         query[:, 1:] = query[:, :1]
@@ -65,7 +67,7 @@ def cross_attention_feeds(rng: np.random.Generator, sources: int, queries: int, 
     ("sources", "queries", "keys", "heads", "head_dim", "mask"),
     [(1, 1, 1, 4, 64, "right padding"), (3, 2, 17, 4, 64, "right padding"), (33, 4, 40, 8, 64, "right padding"),
      (5, 2, 23, 4, 64, "holes"), (4, 3, 9, 2, 16, "right padding"), (4, 2, 12, 2, 24, "holes"),
-     (6, 2, 19, 4, 64, "right padding, repeated queries")],
+     (6, 2, 19, 4, 64, "right padding, repeated queries"), (3, 2, 10, 4, 64, "holes, one source all masked")],
 )  # fmt: skip
 def test_cross_attention_kernel_matches_onnxruntime(native_kernels_library: Path, tmp_path: Path, sources: int, queries: int,
                                                     keys: int, heads: int, head_dim: int, mask: str) -> None:  # fmt: skip
@@ -75,7 +77,10 @@ def test_cross_attention_kernel_matches_onnxruntime(native_kernels_library: Path
     node = helper.make_node("MultiHeadAttention", ["query", "key", "value", "", "mask"], ["out"], domain="com.microsoft",
                             num_heads=heads, scale=1 / np.sqrt(head_dim))  # fmt: skip
     stock, native = run_both(one_node_model(tmp_path / "cross.onnx", node, feeds, {}), native_kernels_library, feeds, "cross_attention")
-    np.testing.assert_allclose(native[0], stock[0], rtol=1e-5, atol=1e-5)
+    # A source with every key masked: ONNX Runtime adds -10000 to each score, which costs its float32 scores about
+    # 1e-3 of their precision; the library attends over the unshifted scores.
+    tolerance = 1e-2 if mask.endswith("all masked") else 1e-5
+    np.testing.assert_allclose(native[0], stock[0], rtol=tolerance, atol=tolerance)
 
 
 def self_attention_case(rng: np.random.Generator, rows: int, heads: int, kv_heads: int, capacity: int, head_dim: int,

@@ -156,9 +156,14 @@ class CrossAttentionKernel {
     Ort::UnownedValue out = context.GetOutput(0, query_shape);
     const int32_t* keep = mask.GetTensorData<int32_t>();
     std::vector<int> live(static_cast<size_t>(shape.sources * shape.keys)), live_counts(static_cast<size_t>(shape.sources), 0);
-    for (int64_t s = 0; s < shape.sources; ++s)
+    for (int64_t s = 0; s < shape.sources; ++s) {
       for (int64_t j = 0; j < shape.keys; ++j)
         if (keep[s * shape.keys + j] != 0) live[s * shape.keys + live_counts[s]++] = static_cast<int>(j);
+      // Every key masked: ONNX Runtime's kernel adds the same large negative number to every score, which leaves
+      // the softmax over all keys; so does this one.
+      if (live_counts[s] == 0)
+        for (int64_t j = 0; j < shape.keys; ++j) live[s * shape.keys + live_counts[s]++] = static_cast<int>(j);
+    }
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     CrossAttentionTask task{shape, scale, query.GetTensorData<float>(), key.GetTensorData<float>(),
                             value.GetTensorData<float>(), live.data(), live_counts.data(),

@@ -33,7 +33,7 @@ inline float sum8(__m256 a) {
   return _mm_cvtss_f32(s);
 }
 
-// scores[0, n) -> softmax weights in place. A source with no live key attends to nothing: its output is zeros.
+// scores[0, n) -> softmax weights in place (nothing to do for n = 0).
 inline void softmax_in_place(float* scores, int n) {
   if (n == 0) return;
   const float top = *std::max_element(scores, scores + n);
