@@ -38,6 +38,7 @@ from nmt_serve.bench.matmul_ceiling import MatmulCeiling
 from nmt_serve.bench.report import rotated, write_report
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.manifest import load_model_dir
+from nmt_serve.runtime.native_kernels import resolve_native_kernels
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, NARROW_PREFIX, NARROW_SOURCE_WIDTH, source_width
 from nmt_serve.runtime.source_layout import MIN_QUERIES
@@ -234,23 +235,24 @@ def interleaved_medians(bound: dict[K, BoundCall], rounds: int) -> dict[K, float
     return {key: statistics.median(values) for key, values in times.items()}
 
 
-def variant_sessions(model_dir: Path, threads: int, work: Path) -> dict[str, ort.InferenceSession]:
-    """A CPU session for the decoder as exported and for every variant of it, each saved under `work` first."""
+def variant_sessions(model_dir: Path, threads: int, work: Path, kernels_library: Path | None = None) -> dict[str, ort.InferenceSession]:
+    """A CPU session for the decoder as exported and for every variant of it, each saved under `work` first; each on the
+    native attention kernels when `kernels_library` is given."""
     manifest = load_model_dir(model_dir, verify_hashes=False)
     sessions: dict[str, ort.InferenceSession] = {}
     for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), manifest.config).items()):
         path = work / f"{model_dir.name}-variant{index}.onnx"
         onnx.save(model, str(path))
-        sessions[name] = make_session(path, ["CPUExecutionProvider"], threads)
+        sessions[name] = make_session(path, ["CPUExecutionProvider"], threads, kernels_library=kernels_library)
     return sessions
 
 
 def ablate(model_dir: Path, settings: Sequence[Setting], source_lengths: Sequence[int], rounds: int, threads: int,
-           work: Path) -> dict[Setting, dict[str, float]]:  # fmt: skip
+           work: Path, kernels_library: Path | None = None) -> dict[Setting, dict[str, float]]:  # fmt: skip
     """Median seconds per decoder call of every variant in every setting, and of the weight products alone at its rows,
     all interleaved."""
     config = load_model_dir(model_dir, verify_hashes=False).config
-    sessions = variant_sessions(model_dir, threads, work)
+    sessions = variant_sessions(model_dir, threads, work, kernels_library)
     ceiling = MatmulCeiling(model_dir, threads, model_dir.name)
     results: dict[Setting, dict[str, float]] = {}
     for setting in settings:
@@ -327,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"cut to {MIN_SOURCE_WIDTH} tokens and bound this wide (multiples of 16; empty: skip)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds; the median is reported")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--native-kernels", default="off", help="'auto' or a library path: every session on the native attention kernels "
+                        "(runtime/native_kernels.py); 'off': ONNX Runtime's own")
     parser.add_argument("--out", type=Path, default=Path("bench/results/step-ablation.md"))
     return parser
 
@@ -338,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_model_dir(model_dirs[0], verify_hashes=False).config
     source_lengths = [len(ids) + 1 for ids in sample_sources(args.test, 32, config.vocab_size, args.checkpoint)]  # + EOS
     settings = [Setting(int(rows), int(position)) for rows in args.rows.split(",") for position in args.positions.split(",")]
+    kernels = resolve_native_kernels(args.native_kernels)
+    library, on = (kernels.path, " on the native attention kernels") if kernels else (None, "")
     with tempfile.TemporaryDirectory() as work:
-        tables = [format_table(f"{model_dir.parent.name}/{model_dir.name}",
-                               ablate(model_dir, settings, source_lengths, args.rounds, args.threads, Path(work)))
+        tables = [format_table(f"{model_dir.parent.name}/{model_dir.name}{on}",
+                               ablate(model_dir, settings, source_lengths, args.rounds, args.threads, Path(work), library))
                   for model_dir in model_dirs]  # fmt: skip
     widths = [int(width) for width in args.widths.split(",") if width]
     if widths:

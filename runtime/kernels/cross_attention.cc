@@ -100,6 +100,10 @@ struct CrossAttentionTask {
   float* out;
 };
 
+void prefetch_rows(const float* rows, const int* live, int n, int64_t dh) {
+  for (int t = 0; t < n; ++t) prefetch_bytes(rows + live[t] * dh, static_cast<size_t>(dh) * sizeof(float));
+}
+
 // One (source, head) pair: every query of that source against its live keys. A query bitwise equal to the source's
 // first one (the engine repeats a source's first row to fill its query slots, and a beam's rows start alike) gets a
 // copy of that query's output: the same inputs give the same output, and a greedy source costs one query, not two.
@@ -110,6 +114,10 @@ void attend_source_head(void* data, size_t index) {
   const int* live = task.live + source * shape.keys;
   const int n = task.live_counts[source];
   const int64_t block = ((source * shape.heads + head) * shape.keys) * shape.head_dim;  // (S, H, L, Dh)
+  // The whole block at once, the values arriving while the keys are scored (in the step, 213 against 429 us of
+  // cross-attention at 32 rows: nmt-step-ablation --native-kernels auto).
+  prefetch_rows(task.key + block, live, n, shape.head_dim);
+  prefetch_rows(task.value + block, live, n, shape.head_dim);
   thread_local std::vector<float> weights;
   weights.resize(static_cast<size_t>(shape.keys) + 8);
   const int64_t first = source * shape.queries * shape.model_dim + head * shape.head_dim;
