@@ -42,11 +42,13 @@ class Runtime:
         self.tokenizer = Tokenizer.load(self.model_dir)
         providers = list(settings.providers) or available_providers()
         self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
-        self.native_kernels = resolve_native_kernels(settings.native_kernels)
+        # CPU kernels: on CUDA the library is not loaded at all.
+        on_cpu = providers[0] == "CPUExecutionProvider"
+        self.native_kernels = resolve_native_kernels(settings.native_kernels) if on_cpu else None
         self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads,
                                     settings.decoder_profile_prefix, self.native_kernels.path if self.native_kernels else None)
         self.provider = self.decoder.get_providers()[0]
-        self.kernels_in_use: list[str] = []  # the native kernels warm-up saw run (a float-cache dir's self-attention stays ORT's)
+        self.kernels_in_use: list[str] = []  # the native kernels warm-up saw run (none where the library did not load)
         self.cross_names = list(self.manifest.output_names("encoder"))
         self.settings = settings
         self.ready = False
