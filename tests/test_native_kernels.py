@@ -23,7 +23,8 @@ def one_node_model(path: Path, node: onnx.NodeProto, feeds: dict[str, np.ndarray
     """A model of `node` alone: `feeds` are its graph inputs, `constants` its initializers, every output a graph output."""
     inputs = [helper.make_tensor_value_info(name, ELEMENT_TYPES[value.dtype], value.shape) for name, value in feeds.items()]
     outputs = [helper.make_empty_tensor_value_info(name) for name in node.output]  # types as the node gives them
-    graph = helper.make_graph([node], "one_node", inputs, outputs, [numpy_helper.from_array(value, name) for name, value in constants.items()])
+    initializers = [numpy_helper.from_array(value, name) for name, value in constants.items()]
+    graph = helper.make_graph([node], "one_node", inputs, outputs, initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     path.write_bytes(model.SerializeToString())
@@ -133,7 +134,8 @@ def test_self_attention_kernel_writes_the_bound_cache_in_place(native_kernels_li
     """With the present bound to the past's memory, as the engine binds it, the new key and value land in that buffer and
     the output is the unbound run's."""
     node, feeds, constants = self_attention_case(np.random.default_rng(5), 6, 4, 4, 16, 64, "int8 per channel")
-    session = make_session(one_node_model(tmp_path / "self.onnx", node, feeds, constants), CPU, threads=1, kernels_library=native_kernels_library)
+    path = one_node_model(tmp_path / "self.onnx", node, feeds, constants)
+    session = make_session(path, CPU, threads=1, kernels_library=native_kernels_library)
     unbound = session.run(None, feeds)
     binding = session.io_binding()
     for name, value in feeds.items():
@@ -227,3 +229,18 @@ def test_debian_package_parts_are_read_from_the_archive_formats() -> None:
     assert deb_member(deb, "data.tar") == ("data.tar.xz", b"payload")
     with pytest.raises(BuildError, match="not a Debian archive"):
         deb_member(b"PK\x03\x04", "data.tar")
+
+
+def test_kernels_give_the_same_bits_on_more_threads(native_kernels_library: Path, tmp_path: Path) -> None:
+    """The kernels share their (source, head) and (row, head) pairs out over ONNX Runtime's intra-op threads: each pair
+    is computed the same whichever thread takes it, so two threads give one thread's output bit for bit."""
+    feeds = cross_attention_feeds(np.random.default_rng(3), 17, 2, 21, 4, 64, "holes")
+    node = helper.make_node("MultiHeadAttention", ["query", "key", "value", "", "mask"], ["out"], domain="com.microsoft", num_heads=4)
+    cross = one_node_model(tmp_path / "cross.onnx", node, feeds, {})
+    node, self_feeds, constants = self_attention_case(np.random.default_rng(4), 13, 4, 4, 24, 64, "int8 per channel")
+    self_path = one_node_model(tmp_path / "self.onnx", node, self_feeds, constants)
+    for path, inputs in ((cross, feeds), (self_path, self_feeds)):
+        one, two = (make_session(path, CPU, threads=threads, kernels_library=native_kernels_library).run(None, inputs)
+                    for threads in (1, 2))  # fmt: skip
+        for single, double in zip(one, two, strict=True):
+            np.testing.assert_array_equal(single, double)
