@@ -130,8 +130,6 @@ void attend_row_kv_head(void* data, size_t index) {
   const int64_t block = ((row * shape.kv_heads + kv_head) * shape.capacity) * dh;
   Cache* keys = task.key_cache + block;
   Cache* values = task.value_cache + block;
-  prefetch_bytes(keys, static_cast<size_t>(position * dh) * sizeof(Cache));  // the cached rows, before the new one
-  prefetch_bytes(values, static_cast<size_t>(position * dh) * sizeof(Cache));
   store_row(packed + (shape.heads + kv_head) * dh, key_scale, dh, keys + position * dh);
   store_row(packed + (shape.heads + shape.kv_heads + kv_head) * dh, value_scale, dh, values + position * dh);
   thread_local std::vector<float> weights, scaled_query;
