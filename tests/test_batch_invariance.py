@@ -81,13 +81,13 @@ def test_engine_gives_each_request_its_alone_result_bit_for_bit(precision: str, 
 def test_engine_on_native_kernels_gives_each_request_its_alone_result_bit_for_bit(precision: str, native_kernels_library: Path,
                                                                                    int8_cache_dir: Path, tiny_model_dir: Path) -> None:  # fmt: skip
     """The same plan with the decoder's attention on the native kernels (runtime/native_kernels.py): each request's
-    token ids and scores equal its run alone exactly, and its tokens its tokens on ONNX Runtime's kernels."""
+    token ids and scores equal its run alone exactly. (Against ONNX Runtime's kernels the log-probs differ by float
+    rounding, which on a tiny model's near-ties may pick another token on some CPU: that comparison is the self-check's,
+    with its bound, in tests/test_native_kernels.py.)"""
     model_dir = {"int8 with an int8 cache": int8_cache_dir, "fp32": tiny_model_dir}[precision]
-    native, stock = run_plan(model_dir, native_kernels=str(native_kernels_library)), run_plan(model_dir)
-    for (job, source, options), (stock_job, _, _) in zip(native, stock, strict=True):
+    for job, source, options in run_plan(model_dir, native_kernels=str(native_kernels_library)):
         assert job.outcome is Outcome.OK
         assert outputs(job.hypotheses) == outputs(alone(model_dir, source, options, str(native_kernels_library)))
-        assert [hypothesis.token_ids for hypothesis in job.hypotheses] == [hypothesis.token_ids for hypothesis in stock_job.hypotheses]
 
 
 def test_engine_on_per_tensor_int8_scales_depends_on_the_batch(per_tensor_dir: Path) -> None:

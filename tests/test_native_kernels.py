@@ -119,15 +119,31 @@ def self_attention_case(rng: np.random.Generator, rows: int, heads: int, kv_head
 def test_self_attention_kernel_matches_onnxruntime(native_kernels_library: Path, tmp_path: Path, rows: int, heads: int, kv_heads: int,
                                                    capacity: int, head_dim: int, cache: str) -> None:  # fmt: skip
     """GroupQueryAttention over an int8 (per-channel or per-tensor scales) or float cache, grouped heads included: the
-    library's kernel gives ONNX Runtime's output within float rounding and the same cache up to each row's new token
-    (the new key and value stored exactly as ONNX Runtime stores them)."""
+    library's kernel gives ONNX Runtime's output within float rounding (sums in another order), leaves the cached rows
+    as they were, and stores the new key and value as round(x / scale) clipped to int8 (or as they are in a float cache)."""
     node, feeds, constants = self_attention_case(np.random.default_rng(rows * capacity), rows, heads, kv_heads, capacity, head_dim, cache)
     path = one_node_model(tmp_path / "self.onnx", node, feeds, constants)
     stock, native = run_both(path, native_kernels_library, feeds, "self_attention")
     np.testing.assert_allclose(native[0], stock[0], rtol=1e-5, atol=1e-5)
-    for row, length in enumerate(feeds["seqlens_k"] + 1):
-        for present in (1, 2):
-            np.testing.assert_array_equal(native[present][row, :, :length], stock[present][row, :, :length])
+    rows, positions = np.arange(rows), feeds["seqlens_k"]
+    for present, offset, scale in ((1, heads, "key_scale"), (2, heads + kv_heads, "value_scale")):
+        for row, position in zip(rows, positions, strict=True):  # the cached rows before the new token: the past's, copied
+            past = feeds[("past_key", "past_value")[present - 1]]
+            np.testing.assert_array_equal(native[present][row, :, :position], past[row, :, :position])
+            np.testing.assert_array_equal(stock[present][row, :, :position], native[present][row, :, :position])
+        new = feeds["qkv"][:, 0].reshape(rows.size, heads + 2 * kv_heads, head_dim)[:, offset : offset + kv_heads]
+        stored = native[present][rows, :, positions]
+        if cache == "float":
+            np.testing.assert_array_equal(stored, new)
+            np.testing.assert_array_equal(stock[present][rows, :, positions], new)
+        else:
+            # IEEE float32 division and round half to even give the same bytes on every CPU; ONNX Runtime's own
+            # quantization may divide or multiply by the reciprocal (a different x86 kernel per instruction set), which
+            # moves a value lying within one ulp of a .5 tie by one step, so it is held to one step.
+            by_channel = np.broadcast_to(constants[scale], (1, kv_heads, 1, head_dim)).reshape(kv_heads, head_dim)
+            expected = np.clip(np.round(new / by_channel), -128, 127).astype(np.int8)
+            np.testing.assert_array_equal(stored, expected)
+            assert np.abs(stock[present][rows, :, positions].astype(int) - expected.astype(int)).max() <= 1
 
 
 def test_self_attention_kernel_writes_the_bound_cache_in_place(native_kernels_library: Path, tmp_path: Path) -> None:
