@@ -78,8 +78,9 @@ def test_engine_gives_each_request_its_alone_result_bit_for_bit(precision: str, 
 
 
 @pytest.mark.parametrize("precision", ["int8 with an int8 cache", "fp32"])
-def test_engine_on_native_kernels_gives_each_request_its_alone_result_bit_for_bit(precision: str, native_kernels_library: Path,
-                                                                                   int8_cache_dir: Path, tiny_model_dir: Path) -> None:  # fmt: skip
+def test_engine_on_native_kernels_gives_each_request_its_alone_result_bit_for_bit(
+    precision: str, native_kernels_library: Path, int8_cache_dir: Path, tiny_model_dir: Path
+) -> None:
     """The same plan with the decoder's attention on the native kernels (runtime/native_kernels.py): each request's
     token ids and scores equal its run alone exactly. (Against ONNX Runtime's kernels the log-probs differ by float
     rounding, which on a tiny model's near-ties may pick another token on some CPU: that comparison is the self-check's,
