@@ -1,10 +1,12 @@
-"""The native attention kernels (runtime/kernels/): where the built library is, whether a setting asks for it, and how many
+"""The native kernels (runtime/kernels/): where the built library is, whether a setting asks for it, and how many
 times its kernels ran, so the runtime can tell that ONNX Runtime really uses them.
 
 The library registers CPU kernels for com.microsoft MultiHeadAttention (the decoder's cross-attention) and
-GroupQueryAttention over an int8 cache (its self-attention). A session loads it only for the decoder; ONNX Runtime
-searches a session's custom kernels before its own, so the graphs on disk keep stock operators and run unchanged
-wherever the library is absent. `nmt-build-kernels` builds it (runtime/build_kernels.py).
+GroupQueryAttention over an int8 cache (its self-attention); ONNX Runtime searches a session's custom kernels before
+its own, so the graphs on disk keep stock operators and run unchanged wherever the library is absent. It also runs
+nmt_serve.RowQuantize, the node the runtime fuses each per-row activation quantization of an int8 graph into, in
+memory, when it loads the library (runtime/row_quantize_fusion.py). `nmt-build-kernels` builds it
+(runtime/build_kernels.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 LIBRARY_NAME = "libnmt_kernels.so"
 DEFAULT_LIBRARY = KERNELS_DIR / LIBRARY_NAME
 SETTINGS = ("auto", "off")  # or a path to a built library
-COUNTERS = {"cross_attention": "nmt_cross_attention_calls", "self_attention": "nmt_self_attention_calls"}
+COUNTERS = {"cross_attention": "nmt_cross_attention_calls", "self_attention": "nmt_self_attention_calls",
+            "row_quantization": "nmt_row_quantize_calls"}
 
 
 class NativeKernelsError(ValueError):

@@ -11,6 +11,7 @@ import onnxruntime as ort
 
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
+from nmt_serve.runtime.row_quantize_fusion import fused_model_bytes
 from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,17 @@ def available_providers() -> list[str]:
 def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0, profile_prefix: str = "",
                  kernels_library: Path | None = None) -> ort.InferenceSession:  # fmt: skip
     """profile_prefix: where ONNX Runtime writes its per-node profile (PREFIX_<date>.json, at end_profiling); empty = off.
-    kernels_library: a custom-op library (runtime/native_kernels.py) loaded on the CPU provider; if the session cannot be
-    made with it, it is made without, and the reason logged."""
+    kernels_library: a custom-op library (runtime/native_kernels.py) loaded on the CPU provider, the graph's per-row
+    activation quantization fused into its nodes in memory (runtime/row_quantize_fusion.py); if the session cannot be
+    made so, it is made without the fusion, then without the library, and the reason logged."""
     chosen = list(providers or available_providers())
     if kernels_library is not None and chosen[0] == "CPUExecutionProvider":
+        try:
+            fused = fused_model_bytes(path)
+            if fused is not None:
+                return _make_session(path, chosen, threads, profile_prefix, kernels_library, fused)
+        except ValueError as error:
+            logger.warning("%s: not loadable with its quantization fused, loaded as it is: %s", Path(path).name, error)
         try:
             return _make_session(path, chosen, threads, profile_prefix, kernels_library)
         except ValueError as error:
@@ -42,7 +50,9 @@ def make_session(path: Path, providers: Sequence[str] | None = None, threads: in
     return _make_session(path, chosen, threads, profile_prefix, None)
 
 
-def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: str, kernels_library: Path | None) -> ort.InferenceSession:
+def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: str, kernels_library: Path | None,
+                  model_bytes: bytes | None = None) -> ort.InferenceSession:  # fmt: skip
+    """The session of the graph at `path`, or of `model_bytes` (the same graph rewritten in memory) when given."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if profile_prefix:
@@ -61,7 +71,7 @@ def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: s
     # by up to 4.2e-3 from the CPU's, past the fp32 self-check's bound of 1e-3. fp32 means fp32 here.
     with_options: list[str | tuple[str, dict[str, str]]] = [(name, {"use_tf32": "0"}) if name == "CUDAExecutionProvider" else name for name in chosen]
     try:
-        session = ort.InferenceSession(str(path), options, providers=with_options, disabled_optimizers=disabled)
+        session = ort.InferenceSession(model_bytes or str(path), options, providers=with_options, disabled_optimizers=disabled)
     except Exception as error:  # ORT raises several private exception types; all mean "unusable file"
         raise ValueError(f"{Path(path).name}: onnxruntime cannot load it: {error}") from error
     logger.info("%s runs on %s", Path(path).name, session.get_providers()[0])

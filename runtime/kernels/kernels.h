@@ -1,5 +1,5 @@
 // The custom-op library's kernels, each an ONNX Runtime CPU kernel for one com.microsoft operator in the form the
-// exporter writes, and the count of its runs in this process.
+// exporter writes or for one fused operator of the runtime's, and the count of its runs in this process.
 #pragma once
 
 #define ORT_API_MANUAL_INIT
@@ -41,5 +41,10 @@ uint64_t cross_attention_calls();
 const OrtCustomOp* self_attention_op_int8();
 const OrtCustomOp* self_attention_op_float();
 uint64_t self_attention_calls();
+
+// The operators only the runtime's in-memory fusions write (runtime/row_quantize_fusion.py), in a domain of their own.
+constexpr const char* kFusedDomain = "nmt_serve";
+const OrtCustomOp* row_quantize_op();  // per-row activation quantization in one node (row_quantize.cc)
+uint64_t row_quantize_calls();
 
 }  // namespace nmt_kernels

@@ -13,9 +13,11 @@ extern "C" {
 
 uint64_t nmt_cross_attention_calls() { return nmt_kernels::cross_attention_calls(); }
 uint64_t nmt_self_attention_calls() { return nmt_kernels::self_attention_calls(); }
+uint64_t nmt_row_quantize_calls() { return nmt_kernels::row_quantize_calls(); }
 
-// Registers the kernels under com.microsoft: ONNX Runtime searches a session's custom registries before its own, so
-// they run the graph's nodes of those operators (on disk the graph keeps only stock operators).
+// Registers the attention kernels under com.microsoft: ONNX Runtime searches a session's custom registries before its
+// own, so they run the graph's nodes of those operators (on disk the graph keeps only stock operators); and the fused
+// operators under their own domain, for the nodes the runtime's in-memory fusions write.
 OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
   if (api == nullptr) return nullptr;  // an ONNX Runtime older than the headers: nothing registered, its own kernels run
@@ -28,8 +30,12 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     domain.Add(nmt_kernels::cross_attention_op());
     domain.Add(nmt_kernels::self_attention_op_int8());
     domain.Add(nmt_kernels::self_attention_op_float());
+    Ort::CustomOpDomain fused{nmt_kernels::kFusedDomain};
+    fused.Add(nmt_kernels::row_quantize_op());
     Ort::UnownedSessionOptions(options).Add(domain);
+    Ort::UnownedSessionOptions(options).Add(fused);
     domains.push_back(std::move(domain));
+    domains.push_back(std::move(fused));
   } catch (const Ort::Exception& error) {
     return Ort::GetApi().CreateStatus(error.GetOrtErrorCode(), error.what());
   }

@@ -27,8 +27,8 @@ class RuntimeSettings:
     warmup_rows: int = 64  # the largest decoder batch warm-up runs before the engine reports ready
     warmup_src_len: int = 64
     decoder_profile_prefix: str = ""  # ONNX Runtime's per-node profile of the decoder (bench/step_profile.py); empty = off
-    # The decoder's attention on the native kernels (runtime/native_kernels.py): 'auto' = when built, 'off', or a library
-    # path. Off by default here; the server's flag defaults to 'auto'.
+    # The decoder's attention and both graphs' row quantization on the native kernels (runtime/native_kernels.py): 'auto' =
+    # when built, 'off', or a library path. Off by default here; the server's flag defaults to 'auto'.
     native_kernels: str = "off"
 
 
@@ -41,12 +41,14 @@ class Runtime:
         self.config: ModelConfig = self.manifest.config
         self.tokenizer = Tokenizer.load(self.model_dir)
         providers = list(settings.providers) or available_providers()
-        self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads)
         # CPU kernels: on CUDA the library is not loaded at all.
         on_cpu = providers[0] == "CPUExecutionProvider"
         self.native_kernels = resolve_native_kernels(settings.native_kernels) if on_cpu else None
+        library = self.native_kernels.path if self.native_kernels else None
+        self.encoder = make_session(self.manifest.graph_path(self.model_dir, "encoder"), providers, settings.intra_op_threads,
+                                    kernels_library=library)
         self.decoder = make_session(self.manifest.graph_path(self.model_dir, "decoder"), providers, settings.intra_op_threads,
-                                    settings.decoder_profile_prefix, self.native_kernels.path if self.native_kernels else None)
+                                    settings.decoder_profile_prefix, library)
         self.provider = self.decoder.get_providers()[0]
         self.kernels_in_use: list[str] = []  # the native kernels warm-up saw run (none where the library did not load)
         self.cross_names = list(self.manifest.output_names("encoder"))
@@ -68,18 +70,19 @@ class Runtime:
         rows, src_len = self.settings.warmup_rows, min(self.settings.warmup_src_len, self.config.max_positions)
         src_ids = np.full((rows, src_len), self.config.eos_id, dtype=np.int64)
         src_mask = np.ones((rows, src_len), dtype=bool)
+        calls_before = self.native_kernels.calls() if self.native_kernels else {}
         cross = self.encode(src_ids, src_mask)
         index = np.arange(rows, dtype=np.int64)
         tokens = np.full(rows, self.config.bos_id, dtype=np.int64)
         cache = self.new_step_cache()
-        calls_before = self.native_kernels.calls() if self.native_kernels else {}
         for parents in (np.full(rows, -1, dtype=np.int64), index):  # a first step, then one with a past
             cache.arrange(parents, tokens, index, index, cross, src_mask)
             cache.run()
         if self.native_kernels:
             self.kernels_in_use = [name for name, calls in self.native_kernels.calls().items() if calls > calls_before[name]]
-            logger.info("native kernels (%s) ran the decoder's %s; ONNX Runtime's own kernels the rest", self.native_kernels.path,
-                        " and ".join(name.replace("_", "-") for name in self.kernels_in_use) or "nothing")
+            names = [name.replace("_", "-") for name in self.kernels_in_use]
+            ran = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else "nothing")
+            logger.info("native kernels (%s) ran the %s; ONNX Runtime's own kernels the rest", self.native_kernels.path, ran)
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)
