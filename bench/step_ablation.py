@@ -243,7 +243,8 @@ def variant_sessions(model_dir: Path, threads: int, work: Path, kernels_library:
     for index, (name, model) in enumerate(variant_models(manifest.graph_path(model_dir, "decoder"), manifest.config).items()):
         path = work / f"{model_dir.name}-variant{index}.onnx"
         onnx.save(model, str(path))
-        sessions[name] = make_session(path, ["CPUExecutionProvider"], threads, kernels_library=kernels_library)
+        # Not fused (runtime/native_fusions.py): the variants take nodes out of the stock blocks the fusions replace.
+        sessions[name] = make_session(path, ["CPUExecutionProvider"], threads, kernels_library=kernels_library, fuse=False)
     return sessions
 
 
@@ -330,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds; the median is reported")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--native-kernels", default="off", help="'auto' or a library path: every session on the native attention kernels "
-                        "(runtime/native_kernels.py); 'off': ONNX Runtime's own")
+                        "(runtime/native_kernels.py), without the runtime's in-memory fusions; 'off': ONNX Runtime's own")
     parser.add_argument("--out", type=Path, default=Path("bench/results/step-ablation.md"))
     return parser
 

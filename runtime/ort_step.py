@@ -11,7 +11,7 @@ import onnxruntime as ort
 
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
-from nmt_serve.runtime.row_quantize_fusion import fused_model_bytes
+from nmt_serve.runtime.native_fusions import fused_model_bytes
 from nmt_serve.runtime.step_cache import StepCache
 
 logger = logging.getLogger(__name__)
@@ -30,19 +30,20 @@ def available_providers() -> list[str]:
 
 
 def make_session(path: Path, providers: Sequence[str] | None = None, threads: int = 0, profile_prefix: str = "",
-                 kernels_library: Path | None = None) -> ort.InferenceSession:  # fmt: skip
+                 kernels_library: Path | None = None, fuse: bool = True) -> ort.InferenceSession:  # fmt: skip
     """profile_prefix: where ONNX Runtime writes its per-node profile (PREFIX_<date>.json, at end_profiling); empty = off.
     kernels_library: a custom-op library (runtime/native_kernels.py) loaded on the CPU provider, the graph's per-row
-    activation quantization fused into its nodes in memory (runtime/row_quantize_fusion.py); if the session cannot be
-    made so, it is made without the fusion, then without the library, and the reason logged."""
+    activation quantization and cross-attention fused in memory (runtime/native_fusions.py); if the session cannot be
+    made so, it is made without the fusion, then without the library, and the reason logged. fuse=False: the library
+    runs only the graph's own attention nodes."""
     chosen = list(providers or available_providers())
     if kernels_library is not None and chosen[0] == "CPUExecutionProvider":
         try:
-            fused = fused_model_bytes(path)
+            fused = fused_model_bytes(path) if fuse else None
             if fused is not None:
                 return _make_session(path, chosen, threads, profile_prefix, kernels_library, fused)
         except ValueError as error:
-            logger.warning("%s: not loadable with its quantization fused, loaded as it is: %s", Path(path).name, error)
+            logger.warning("%s: not loadable with its nodes fused, loaded as it is: %s", Path(path).name, error)
         try:
             return _make_session(path, chosen, threads, profile_prefix, kernels_library)
         except ValueError as error:

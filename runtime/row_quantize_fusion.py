@@ -4,8 +4,8 @@ An int8 graph quantizes each weight product's input row by row in stock nodes (e
 Abs -> ReduceMax(last axis) -> Mul(1/127) gives the row scale, and a blocked QuantizeLinear with one block per row
 and the zero point 128 (itself a QuantizeLinear of a scale by the largest float32) gives the levels. With the library
 loaded (runtime/native_kernels.py) each such chain becomes one `nmt_serve.RowQuantize` node
-(runtime/kernels/row_quantize.cc) that writes the same levels and scales. Only the copy in memory changes: the graph
-on disk keeps stock operators and runs anywhere ONNX Runtime does.
+(runtime/kernels/row_quantize.cc) that writes the same levels and scales. runtime/native_fusions.py applies it to the
+copy in memory only: the graph on disk keeps stock operators and runs anywhere ONNX Runtime does.
 
 A chain in any other form is left as it is. The levels are the same bytes for every finite row; a row holding an
 infinity or NaN gets an infinite or NaN scale, so its product is not finite either way.
@@ -13,59 +13,22 @@ infinity or NaN gets an infinite or NaN scale, so its product is not finite eith
 
 from __future__ import annotations
 
-import logging
-from collections import defaultdict
-from pathlib import Path
-
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-logger = logging.getLogger(__name__)
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, attribute, declare_fused_domain
 
-FUSED_DOMAIN = "nmt_serve"  # the library's domain for operators only this runtime writes
 FUSED_OP = "RowQuantize"
 # A blocked QuantizeLinear is one scale per row only when its block is at least the row's width; the exporter's block
 # is 2^30 and no activation row of a translation model comes near 2^24.
 MIN_ROW_BLOCK = 1 << 24
 
 
-class _Graph:
-    """Who makes and who reads each tensor of a graph, and its small constants."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.producer = {output: node for node in graph.node for output in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for node in graph.node:
-            for name in node.input:
-                self.readers[name].append(node)
-        self.constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer
-                          if tensor.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(tensor.dims)) <= 1}  # fmt: skip
-        self.outputs = {value.name for value in graph.output}
-
-    def made_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
-        node = self.producer.get(name)
-        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
-
-    def only_reader(self, name: str, node: onnx.NodeProto) -> bool:
-        return name not in self.outputs and [id(reader) for reader in self.readers[name]] == [id(node)]
-
-    def scalar(self, name: str) -> np.ndarray | None:
-        value = self.constants.get(name)
-        return value if value is not None and value.size == 1 else None
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
-
-
-def _zero_point(graph: _Graph, name: str) -> int | None:
+def _zero_point(graph: GraphIndex, name: str) -> int | None:
     """The zero point every row gets from `name`: QuantizeLinear(any finite scale, largest float32, uint8 z) is z."""
     node = graph.made_by(name, "QuantizeLinear")
-    if node is None or len(node.input) != 3 or _attribute(node, "block_size") is not None:
+    if node is None or len(node.input) != 3 or attribute(node, "block_size") is not None:
         return None
     divisor, zero_point = graph.scalar(node.input[1]), graph.scalar(node.input[2])
     if divisor is None or zero_point is None or zero_point.dtype != np.uint8:
@@ -75,15 +38,15 @@ def _zero_point(graph: _Graph, name: str) -> int | None:
     return int(zero_point.reshape(()))
 
 
-def _chain(graph: _Graph, quantize: onnx.NodeProto) -> tuple[list[onnx.NodeProto], float, int] | None:
+def _chain(graph: GraphIndex, quantize: onnx.NodeProto) -> tuple[list[onnx.NodeProto], float, int] | None:
     """The Abs, ReduceMax and Mul feeding a row-blocked QuantizeLinear, the Mul's constant and the zero point; None
     where `quantize` is not the exporter's per-row form."""
-    if quantize.op_type != "QuantizeLinear" or quantize.domain not in ("", "ai.onnx") or len(quantize.input) != 3:
+    if quantize.op_type != "QuantizeLinear" or quantize.domain not in STOCK_DOMAINS or len(quantize.input) != 3:
         return None
-    block = _attribute(quantize, "block_size")
-    if _attribute(quantize, "axis") != -1 or not isinstance(block, int) or block < MIN_ROW_BLOCK:
+    block = attribute(quantize, "block_size")
+    if attribute(quantize, "axis") != -1 or not isinstance(block, int) or block < MIN_ROW_BLOCK:
         return None
-    if _attribute(quantize, "output_dtype", 0) != 0 or _attribute(quantize, "saturate", 1) != 1:
+    if attribute(quantize, "output_dtype", 0) != 0 or attribute(quantize, "saturate", 1) != 1:
         return None
     source, row_scale, zero_points = quantize.input
     scale = graph.made_by(row_scale, "Mul")
@@ -91,12 +54,12 @@ def _chain(graph: _Graph, quantize: onnx.NodeProto) -> tuple[list[onnx.NodeProto
         return None
     factors = [graph.scalar(name) for name in scale.input]
     constant = next((value for value in factors if value is not None and value.dtype == np.float32), None)
-    row_max_name = next((name for name, value in zip(scale.input, factors) if value is None), None)
+    row_max_name = next((name for name, value in zip(scale.input, factors, strict=True) if value is None), None)
     row_max = graph.made_by(row_max_name or "", "ReduceMax")
-    if constant is None or row_max is None or _attribute(row_max, "keepdims", 1) != 1:
+    if constant is None or row_max is None or attribute(row_max, "keepdims", 1) != 1:
         return None
     axes = graph.scalar(row_max.input[1]) if len(row_max.input) > 1 else None
-    axes_list = [int(axes.reshape(()))] if axes is not None else list(_attribute(row_max, "axes", []) or [])
+    axes_list = [int(axes.reshape(()))] if axes is not None else list(attribute(row_max, "axes", []) or [])
     magnitude = graph.made_by(row_max.input[0], "Abs")
     if axes_list != [-1] or magnitude is None or magnitude.input[0] != source:
         return None
@@ -112,7 +75,7 @@ def fuse_row_quantization(model: onnx.ModelProto) -> int:
     """Replace every per-row quantization chain of `model` by one RowQuantize node, in place; how many were replaced.
     The zero-point nodes no chain reads any more go too."""
     graph = model.graph
-    index = _Graph(graph)
+    index = GraphIndex(graph)
     replaced: dict[int, onnx.NodeProto] = {}  # id(first node of a chain) -> its fused node
     dropped: set[int] = set()
     for node in graph.node:
@@ -130,8 +93,7 @@ def fuse_row_quantization(model: onnx.ModelProto) -> int:
     kept = _without_unread_zero_points(kept, {value.name for value in graph.output})
     del graph.node[:]
     graph.node.extend(kept)
-    if all(opset.domain != FUSED_DOMAIN for opset in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
+    declare_fused_domain(model)
     return len(replaced)
 
 
@@ -139,21 +101,6 @@ def _without_unread_zero_points(nodes: list[onnx.NodeProto], graph_outputs: set[
     """`nodes` less the per-tensor QuantizeLinear nodes (the zero points of the fused chains) nothing reads now."""
     read = {name for node in nodes for name in node.input} | graph_outputs
     def unread(node: onnx.NodeProto) -> bool:
-        return node.op_type == "QuantizeLinear" and _attribute(node, "block_size") is None and node.output[0] not in read
+        return node.op_type == "QuantizeLinear" and attribute(node, "block_size") is None and node.output[0] not in read
 
     return [node for node in nodes if not unread(node)]
-
-
-def fused_model_bytes(path: Path) -> bytes | None:
-    """The graph at `path` with its per-row quantization fused, serialized with its weights; None when it has no chain
-    to fuse (fp32 graphs), so the caller loads the file as it is."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-        fused = fuse_row_quantization(model)
-        if fused == 0:
-            return None
-        onnx.load_external_data_for_model(model, str(Path(path).parent))
-    except Exception as error:  # onnx raises OSError, protobuf's DecodeError and its own errors: all mean unreadable
-        raise ValueError(f"{Path(path).name}: cannot read it to fuse its quantization: {error}") from error
-    logger.info("%s: %d per-row activation quantizations fused into %s.%s nodes", Path(path).name, fused, FUSED_DOMAIN, FUSED_OP)
-    return model.SerializeToString()

@@ -186,13 +186,14 @@ def test_a_node_of_another_form_loads_on_onnxruntimes_kernels(native_kernels_lib
 @pytest.mark.parametrize("precision", ["fp32", "int8 with an int8 cache"])
 def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_kernels_library: Path, tiny_model_dir: Path,
                                                          int8_cache_dir: Path) -> None:  # fmt: skip
-    """An exported dir on the native kernels: both run the decoder, and the dir's stored reference (exported on ONNX
+    """An exported dir on the native kernels: they run the decoder, and the dir's stored reference (exported on ONNX
     Runtime's kernels) holds within its precision's bound, alone and packed bit-identical."""
     model_dir = tiny_model_dir if precision == "fp32" else int8_cache_dir
     runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library)))
     runtime.warm_up()
-    fused = ["row_quantization"] if precision != "fp32" else []  # an fp32 graph quantizes nothing
-    assert runtime.kernels_in_use == ["cross_attention", "self_attention", *fused]
+    # The cross-attention blocks run fused (runtime/cross_attention_fusion.py); an fp32 graph quantizes nothing.
+    quantization = ["row_quantization"] if precision != "fp32" else []
+    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization]
     check = runtime.self_check()
     assert check is not None and check.max_log_prob_diff <= check.bound and check.batch_diff == 0.0
 
@@ -203,7 +204,7 @@ def test_resolve_native_kernels_names_what_is_wrong(native_kernels_library: Path
     monkeypatch.setattr("nmt_serve.runtime.native_kernels.DEFAULT_LIBRARY", tmp_path / "absent.so")
     assert resolve_native_kernels("auto") is None
     kernels = resolve_native_kernels(str(native_kernels_library))
-    assert kernels is not None and set(kernels.calls()) == {"cross_attention", "self_attention", "row_quantization"}
+    assert kernels is not None and set(kernels.calls()) == {"cross_attention", "self_attention", "grouped_cross_attention", "row_quantization"}
     with pytest.raises(NativeKernelsError, match="absent.so is not a file; build it with `nmt-build-kernels"):
         resolve_native_kernels(str(tmp_path / "absent.so"))
     (tmp_path / "junk.so").write_bytes(b"not a library")

@@ -14,9 +14,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_to_int8
 from nmt_serve.runtime import ort_step
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN
+from nmt_serve.runtime.native_fusions import fused_model_bytes
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.ort_step import make_session
-from nmt_serve.runtime.row_quantize_fusion import FUSED_DOMAIN, FUSED_OP, fuse_row_quantization, fused_model_bytes
+from nmt_serve.runtime.row_quantize_fusion import FUSED_OP, fuse_row_quantization
 
 CPU = ["CPUExecutionProvider"]
 ROW_SCHEMES = ["u8s8-rows", "u8s8-rows-vnni", "u8u8-rows"]  # the schemes with per-row activation scales
@@ -76,8 +78,10 @@ def test_a_chain_in_another_form_is_left_as_it_is(tmp_path: Path) -> None:
     assert sum(node.op_type == "ReduceMax" for node in model.graph.node) == 1
 
 
-def test_an_fp32_graph_has_nothing_to_fuse(tiny_model_dir: Path) -> None:
-    assert fused_model_bytes(tiny_model_dir / "decoder.onnx") is None
+def test_an_fp32_graph_has_no_quantization_to_fuse(tiny_model_dir: Path) -> None:
+    """Nor has the fp32 encoder anything else the fusions take: it is loaded from its file as it is."""
+    assert fuse_row_quantization(onnx.load(str(tiny_model_dir / "decoder.onnx"), load_external_data=False)) == 0
+    assert fused_model_bytes(tiny_model_dir / "encoder.onnx") is None
 
 
 @pytest.mark.parametrize("width", [256, 1000, 24])
@@ -129,7 +133,7 @@ def test_a_fused_graph_that_will_not_load_falls_back_to_the_file(native_kernels_
     monkeypatch.setattr(ort_step, "fused_model_bytes", lambda _path: b"not a model")
     with caplog.at_level(logging.WARNING):
         session = make_session(path, CPU, threads=1, kernels_library=native_kernels_library)
-    assert "not loadable with its quantization fused" in caplog.text
+    assert "not loadable with its nodes fused" in caplog.text
     x = hard_rows(np.random.default_rng(3), 1, 4, 32)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], make_session(path, CPU, threads=1).run(None, {"x": x})[0])
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cross_attention.h"
 #include "kernels.h"
 #include "vector_math.h"
 
@@ -85,28 +86,15 @@ void weigh_values_any(const float* weights, const float* values, const int* live
   }
 }
 
-struct CrossAttentionShape {
-  int64_t sources, queries, model_dim, heads, keys, head_dim;
-};
-
-struct CrossAttentionTask {
-  CrossAttentionShape shape;
-  float scale;
-  const float* query;
-  const float* key;
-  const float* value;
-  const int* live;         // (S, L): each source's kept key positions first, in order
-  const int* live_counts;  // (S): how many keys each source keeps
-  float* out;
-};
-
 void prefetch_rows(const float* rows, const int* live, int n, int64_t dh) {
   for (int t = 0; t < n; ++t) prefetch_bytes(rows + live[t] * dh, static_cast<size_t>(dh) * sizeof(float));
 }
 
-// One (source, head) pair: every query of that source against its live keys. A query bitwise equal to the source's
-// first one (the engine repeats a source's first row to fill its query slots, and a beam's rows start alike) gets a
-// copy of that query's output: the same inputs give the same output, and a greedy source costs one query, not two.
+}  // namespace
+
+// One (source, head) pair: every query slot of that source against its live keys. A query bitwise equal to the
+// source's first one (the engine repeats a source's first row to fill its query slots, and a beam's rows start alike)
+// gets a copy of that query's output: the same inputs give the same output, and a greedy source costs one query, not two.
 void attend_source_head(void* data, size_t index) {
   const auto& task = *static_cast<const CrossAttentionTask*>(data);
   const CrossAttentionShape& shape = task.shape;
@@ -120,23 +108,44 @@ void attend_source_head(void* data, size_t index) {
   prefetch_rows(task.value + block, live, n, shape.head_dim);
   thread_local std::vector<float> weights;
   weights.resize(static_cast<size_t>(shape.keys) + 8);
-  const int64_t first = source * shape.queries * shape.model_dim + head * shape.head_dim;
+  const auto query_at = [&](int64_t slot) {  // (rows, H * Dh): the slot's own row, or the row its table names
+    const int64_t row = task.query_rows != nullptr ? task.query_rows[slot] : slot;
+    return task.query + row * shape.model_dim + head * shape.head_dim;
+  };
+  const float* first = query_at(source * shape.queries);
+  float* first_out = task.out + source * shape.queries * shape.model_dim + head * shape.head_dim;
   const size_t head_bytes = static_cast<size_t>(shape.head_dim) * sizeof(float);
   for (int64_t q = 0; q < shape.queries; ++q) {
-    const int64_t row = (source * shape.queries + q) * shape.model_dim + head * shape.head_dim;  // (S, Q, H * Dh)
-    if (q > 0 && std::memcmp(task.query + row, task.query + first, head_bytes) == 0) {
-      std::memcpy(task.out + row, task.out + first, head_bytes);
+    const float* query = query_at(source * shape.queries + q);
+    float* out = task.out + (source * shape.queries + q) * shape.model_dim + head * shape.head_dim;  // (S, Q, H * Dh)
+    if (q > 0 && std::memcmp(query, first, head_bytes) == 0) {
+      std::memcpy(out, first_out, head_bytes);
     } else if (shape.head_dim == kFastHeadDim) {
-      score_keys_64(task.query + row, task.key + block, live, n, task.scale, weights.data());
+      score_keys_64(query, task.key + block, live, n, task.scale, weights.data());
       softmax_in_place(weights.data(), n);
-      weigh_values_64(weights.data(), task.value + block, live, n, task.out + row);
+      weigh_values_64(weights.data(), task.value + block, live, n, out);
     } else {
-      score_keys_any(task.query + row, task.key + block, live, n, shape.head_dim, task.scale, weights.data());
+      score_keys_any(query, task.key + block, live, n, shape.head_dim, task.scale, weights.data());
       softmax_in_place(weights.data(), n);
-      weigh_values_any(weights.data(), task.value + block, live, n, shape.head_dim, task.out + row);
+      weigh_values_any(weights.data(), task.value + block, live, n, shape.head_dim, out);
     }
   }
 }
+
+void live_keys(const int32_t* keep, int64_t sources, int64_t keys, std::vector<int>& live, std::vector<int>& live_counts) {
+  live.assign(static_cast<size_t>(sources * keys), 0);
+  live_counts.assign(static_cast<size_t>(sources), 0);
+  for (int64_t s = 0; s < sources; ++s) {
+    for (int64_t j = 0; j < keys; ++j)
+      if (keep[s * keys + j] != 0) live[s * keys + live_counts[s]++] = static_cast<int>(j);
+    // Every key masked: ONNX Runtime's kernel adds the same large negative number to every score, which leaves
+    // the softmax over all keys; so does this one.
+    if (live_counts[s] == 0)
+      for (int64_t j = 0; j < keys; ++j) live[s * keys + live_counts[s]++] = static_cast<int>(j);
+  }
+}
+
+namespace {
 
 [[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse("cross-attention", what); }
 
@@ -163,19 +172,12 @@ class CrossAttentionKernel {
     const CrossAttentionShape shape = check_shapes(query_shape, key_shape, value, bias, mask);
     Ort::UnownedValue out = context.GetOutput(0, query_shape);
     const int32_t* keep = mask.GetTensorData<int32_t>();
-    std::vector<int> live(static_cast<size_t>(shape.sources * shape.keys)), live_counts(static_cast<size_t>(shape.sources), 0);
-    for (int64_t s = 0; s < shape.sources; ++s) {
-      for (int64_t j = 0; j < shape.keys; ++j)
-        if (keep[s * shape.keys + j] != 0) live[s * shape.keys + live_counts[s]++] = static_cast<int>(j);
-      // Every key masked: ONNX Runtime's kernel adds the same large negative number to every score, which leaves
-      // the softmax over all keys; so does this one.
-      if (live_counts[s] == 0)
-        for (int64_t j = 0; j < shape.keys; ++j) live[s * shape.keys + live_counts[s]++] = static_cast<int>(j);
-    }
+    std::vector<int> live, live_counts;
+    live_keys(keep, shape.sources, shape.keys, live, live_counts);
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     CrossAttentionTask task{shape, scale, query.GetTensorData<float>(), key.GetTensorData<float>(),
                             value.GetTensorData<float>(), live.data(), live_counts.data(),
-                            out.GetTensorMutableData<float>()};
+                            out.GetTensorMutableData<float>(), nullptr};
     context.ParallelFor(attend_source_head, static_cast<size_t>(shape.sources * shape.heads), 0, &task);
     g_calls.fetch_add(1, std::memory_order_relaxed);
   }

@@ -42,9 +42,11 @@ const OrtCustomOp* self_attention_op_int8();
 const OrtCustomOp* self_attention_op_float();
 uint64_t self_attention_calls();
 
-// The operators only the runtime's in-memory fusions write (runtime/row_quantize_fusion.py), in a domain of their own.
+// The operators only the runtime's in-memory fusions write (runtime/native_fusions.py), in a domain of their own.
 constexpr const char* kFusedDomain = "nmt_serve";
 const OrtCustomOp* row_quantize_op();  // per-row activation quantization in one node (row_quantize.cc)
 uint64_t row_quantize_calls();
+const OrtCustomOp* grouped_cross_attention_op();  // a layer's whole cross-attention block in one node (grouped_cross_attention.cc)
+uint64_t grouped_cross_attention_calls();
 
 }  // namespace nmt_kernels

@@ -1,0 +1,37 @@
+"""The graph a session with the native kernels runs: the file's graph with its fusions applied in memory.
+
+Each fusion replaces a block of stock nodes by one node only the native kernels library runs, with the same results
+(runtime/row_quantize_fusion.py, runtime/cross_attention_fusion.py). The file on disk is not changed, so a model dir
+keeps stock operators and runs anywhere ONNX Runtime does; make_session (runtime/ort_step.py) falls back to the file
+as it is when ONNX Runtime will not load the fused copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+
+from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
+from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
+
+logger = logging.getLogger(__name__)
+
+FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "cross-attention blocks": fuse_cross_attention}
+
+
+def fused_model_bytes(path: Path) -> bytes | None:
+    """The graph at `path` with every fusion applied, serialized with its weights; None when no fusion applies, so the
+    caller loads the file as it is. ValueError when the file cannot be read."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        counts = {name: fuse(model) for name, fuse in FUSIONS.items()}
+        if not any(counts.values()):
+            return None
+        onnx.load_external_data_for_model(model, str(Path(path).parent))
+    except Exception as error:  # onnx raises OSError, protobuf's DecodeError and its own errors: all mean unreadable
+        raise ValueError(f"{Path(path).name}: cannot read it to fuse its nodes: {error}") from error
+    logger.info("%s: fused in memory for the native kernels: %s", Path(path).name,
+                ", ".join(f"{count} {name}" for name, count in counts.items() if count))
+    return model.SerializeToString()
