@@ -79,9 +79,23 @@ def test_a_chain_in_another_form_is_left_as_it_is(tmp_path: Path) -> None:
 
 
 def test_an_fp32_graph_has_no_quantization_to_fuse(tiny_model_dir: Path) -> None:
-    """Nor has the fp32 encoder anything else the fusions take: it is loaded from its file as it is."""
     assert fuse_row_quantization(onnx.load(str(tiny_model_dir / "decoder.onnx"), load_external_data=False)) == 0
-    assert fused_model_bytes(tiny_model_dir / "encoder.onnx") is None
+
+
+def test_an_fp32_encoder_loads_with_the_library(native_kernels_library: Path, tiny_model_dir: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """Nothing to fuse in it, and no com.microsoft import on disk: ONNX Runtime's own FusedMatMul, which it writes into
+    this graph, must still resolve with the library's com.microsoft kernels registered (the copy in memory imports
+    the domain). Loaded with the library, no fallback, the same outputs as without it."""
+    path = tiny_model_dir / "encoder.onnx"
+    assert all(opset.domain != "com.microsoft" for opset in onnx.load(str(path), load_external_data=False).opset_import)
+    feeds = {"src_ids": np.array([[5, 6, 7, 2]], dtype=np.int64), "src_mask": np.ones((1, 4), dtype=bool)}
+    with caplog.at_level(logging.WARNING):
+        native = make_session(path, CPU, threads=1, kernels_library=native_kernels_library).run(None, feeds)
+    assert "not loadable" not in caplog.text
+    for a, b in zip(native, make_session(path, CPU, threads=1).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fused_model_bytes(path) is not None
 
 
 @pytest.mark.parametrize("width", [256, 1000, 24])
