@@ -11,17 +11,15 @@ runtime/native_fusions.py applies it to the copy in memory only. A block in any 
 
 from __future__ import annotations
 
-import onnx
-from onnx import helper
-
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, attribute, declare_fused_domain
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, declare_fused_domain
+from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 
 FUSED_OP = "GroupedCrossAttention"
 CONTRIB_DOMAIN = ("com.microsoft",)
 ATTENTION_ATTRIBUTES = {"num_heads", "scale"}  # passed on; unidirectional may be 0, any other attribute is another form
 
 
-def _group(graph: GraphIndex, flat: onnx.NodeProto, width: int) -> tuple[list[str], list[onnx.NodeProto], str, dict] | None:
+def _group(graph: GraphIndex, flat: NodeProto, width: int) -> tuple[list[str], list[NodeProto], str, dict] | None:
     """One group's (source_queries, key, value, mask) inputs, its nodes (Reshape of the result, MultiHeadAttention,
     Gather of the queries), the flattened query they read and the attention's attributes; None when not that form."""
     if flat.op_type != "Reshape" or graph.vector(flat.input[1]) != [-1, width]:
@@ -42,7 +40,7 @@ def _group(graph: GraphIndex, flat: onnx.NodeProto, width: int) -> tuple[list[st
     return [queries.input[1], inputs[1], inputs[2], inputs[4]], [flat, attention, queries], queries.input[0], attributes
 
 
-def _block(graph: GraphIndex, rows: onnx.NodeProto) -> tuple[list[str], list[onnx.NodeProto], dict] | None:
+def _block(graph: GraphIndex, rows: NodeProto) -> tuple[list[str], list[NodeProto], dict] | None:
     """The fused node's inputs, the block's nodes and the attention attributes, from the block's last Reshape."""
     shape = graph.vector(rows.input[1]) if rows.op_type == "Reshape" and len(rows.input) == 2 else None
     if shape is None or len(shape) != 3 or shape[:2] != [-1, 1] or attribute(rows, "allowzero", 0) != 0:
@@ -72,19 +70,19 @@ def _block(graph: GraphIndex, rows: onnx.NodeProto) -> tuple[list[str], list[onn
     return inputs, [query, *narrow_nodes, *wide_nodes, both, by_row, rows], narrow_attributes
 
 
-def fuse_cross_attention(model: onnx.ModelProto) -> int:
+def fuse_cross_attention(model: ModelProto) -> int:
     """Replace every cross-attention block of `model` by one GroupedCrossAttention node, in place; how many were
     replaced."""
     graph = model.graph
     index = GraphIndex(graph)
-    replaced: dict[int, onnx.NodeProto] = {}  # id(a block's last node) -> its fused node
+    replaced: dict[int, NodeProto] = {}  # id(a block's last node) -> its fused node
     dropped: set[int] = set()
     for node in graph.node:
         found = _block(index, node)
         if found is None:
             continue
         inputs, nodes, attributes = found
-        replaced[id(node)] = helper.make_node(FUSED_OP, inputs, [node.output[0]], f"{node.name or node.output[0]}.fused",
+        replaced[id(node)] = make_node(FUSED_OP, inputs, [node.output[0]], f"{node.name or node.output[0]}.fused",
                                               domain=FUSED_DOMAIN, **attributes)  # fmt: skip
         dropped.update(id(part) for part in nodes if part is not node)
     if not replaced:

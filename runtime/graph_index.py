@@ -1,36 +1,39 @@
 """What the runtime's in-memory graph fusions (runtime/native_fusions.py) look up: who writes and who reads each
-tensor, a graph's small constants, node attributes."""
+tensor, and a graph's small constants."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+
+from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, small_tensor
 
 STOCK_DOMAINS = ("", "ai.onnx")
 FUSED_DOMAIN = "nmt_serve"  # the native kernels library's domain for the operators only these fusions write
 
 
 class GraphIndex:
-    """Who makes and who reads each tensor of a graph, and its constants of at most one element."""
+    """Who makes and who reads each tensor of a graph, and its constants of at most 16 elements."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph) -> None:  # a GraphProto of runtime/onnx_proto.py
         self.producer = {output: node for node in graph.node for output in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        self.readers: dict[str, list[NodeProto]] = defaultdict(list)
         for node in graph.node:
             for name in node.input:
                 self.readers[name].append(node)
-        self.constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer
-                          if tensor.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(tensor.dims)) <= 16}  # fmt: skip
+        self.constants: dict[str, np.ndarray] = {}
+        for tensor in graph.initializer:
+            value = small_tensor(tensor) if tensor.data_location != EXTERNAL and int(np.prod(tensor.dims)) <= 16 else None
+            if value is not None:
+                self.constants[tensor.name] = value
         self.outputs = {value.name for value in graph.output}
 
-    def made_by(self, name: str, op_type: str, domain: tuple[str, ...] = STOCK_DOMAINS) -> onnx.NodeProto | None:
+    def made_by(self, name: str, op_type: str, domain: tuple[str, ...] = STOCK_DOMAINS) -> NodeProto | None:
         node = self.producer.get(name)
         return node if node is not None and node.op_type == op_type and node.domain in domain else None
 
-    def only_reader(self, name: str, node: onnx.NodeProto) -> bool:
+    def only_reader(self, name: str, node: NodeProto) -> bool:
         """Whether `node` is the one reader of `name` (and the graph does not output it): the fusion may drop it."""
         return name not in self.outputs and [id(reader) for reader in self.readers[name]] == [id(node)]
 
@@ -44,13 +47,6 @@ class GraphIndex:
         return [int(item) for item in value.reshape(-1)] if value is not None and value.dtype.kind in "iu" else None
 
 
-def attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    for found in node.attribute:
-        if found.name == name:
-            return helper.get_attribute_value(found)
-    return default
-
-
-def declare_fused_domain(model: onnx.ModelProto) -> None:
+def declare_fused_domain(model: ModelProto) -> None:
     if all(opset.domain != FUSED_DOMAIN for opset in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
+        model.opset_import.add(domain=FUSED_DOMAIN, version=1)

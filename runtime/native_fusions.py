@@ -3,7 +3,8 @@
 Each fusion replaces a block of stock nodes by one node only the native kernels library runs, with the same results
 (runtime/row_quantize_fusion.py, runtime/cross_attention_fusion.py). The file on disk is not changed, so a model dir
 keeps stock operators and runs anywhere ONNX Runtime does; make_session (runtime/ort_step.py) falls back to the file
-as it is when ONNX Runtime will not load the fused copy.
+as it is when ONNX Runtime will not load the fused copy. The graph is read and written through runtime/onnx_proto.py:
+serving installs no onnx package.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import onnx
-from onnx import helper
-
 from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
+from nmt_serve.runtime.onnx_proto import ModelProto, parse_model
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 
 logger = logging.getLogger(__name__)
@@ -25,28 +24,28 @@ FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "cross-att
 
 
 def fused_model_bytes(path: Path) -> bytes | None:
-    """The graph at `path` with every fusion applied, serialized with its weights; None when no fusion applies and the
-    graph already imports com.microsoft, so the caller loads the file as it is. ValueError when it cannot be read."""
+    """The graph at `path` with every fusion applied, serialized; its weights stay in the external data file beside it
+    (the session reads them from the graph's folder). None when no fusion applies and the graph already imports
+    com.microsoft, so the caller loads the file as it is. ValueError when the file cannot be read."""
     try:
-        model = onnx.load(str(path), load_external_data=False)
-        counts = {name: fuse(model) for name, fuse in FUSIONS.items()}
-        imported = _import_contrib_domain(model)
-        if not any(counts.values()) and not imported:
-            return None
-        onnx.load_external_data_for_model(model, str(Path(path).parent))
-    except Exception as error:  # onnx raises OSError, protobuf's DecodeError and its own errors: all mean unreadable
+        model = parse_model(Path(path).read_bytes())
+    except Exception as error:  # OSError, or protobuf's DecodeError for a file that is not a model
         raise ValueError(f"{Path(path).name}: cannot read it to fuse its nodes: {error}") from error
+    counts = {name: fuse(model) for name, fuse in FUSIONS.items()}
+    imported = _import_contrib_domain(model)
+    if not any(counts.values()) and not imported:
+        return None
     fused = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
     done = f"fused in memory for the native kernels: {fused}" if fused else "com.microsoft imported in memory"
     logger.info("%s: %s", Path(path).name, done)
     return model.SerializeToString()
 
 
-def _import_contrib_domain(model: onnx.ModelProto) -> bool:
+def _import_contrib_domain(model: ModelProto) -> bool:
     """Import com.microsoft into a graph that does not, and say whether it did. The library registers kernels under
     that domain, and ONNX Runtime then resolves the nodes its own optimizer writes there (FusedMatMul in an fp32
     encoder) only in a graph that imports the domain: without the import such a graph did not load with the library."""
     if any(opset.domain == CONTRIB_DOMAIN for opset in model.opset_import):
         return False
-    model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    model.opset_import.add(domain=CONTRIB_DOMAIN, version=1)
     return True

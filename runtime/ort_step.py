@@ -60,6 +60,8 @@ def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: s
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
+    if model_bytes is not None:  # the weights stay in the external data file beside the graph on disk
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(Path(path).parent))
     if kernels_library is not None:
         try:
             options.register_custom_ops_library(str(kernels_library))

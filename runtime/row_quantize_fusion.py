@@ -14,10 +14,9 @@ infinity or NaN gets an infinite or NaN scale, so its product is not finite eith
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, attribute, declare_fused_domain
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, declare_fused_domain
+from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 
 FUSED_OP = "RowQuantize"
 # A blocked QuantizeLinear is one scale per row only when its block is at least the row's width; the exporter's block
@@ -38,7 +37,7 @@ def _zero_point(graph: GraphIndex, name: str) -> int | None:
     return int(zero_point.reshape(()))
 
 
-def _chain(graph: GraphIndex, quantize: onnx.NodeProto) -> tuple[list[onnx.NodeProto], float, int] | None:
+def _chain(graph: GraphIndex, quantize: NodeProto) -> tuple[list[NodeProto], float, int] | None:
     """The Abs, ReduceMax and Mul feeding a row-blocked QuantizeLinear, the Mul's constant and the zero point; None
     where `quantize` is not the exporter's per-row form."""
     if quantize.op_type != "QuantizeLinear" or quantize.domain not in STOCK_DOMAINS or len(quantize.input) != 3:
@@ -71,19 +70,19 @@ def _chain(graph: GraphIndex, quantize: onnx.NodeProto) -> tuple[list[onnx.NodeP
     return [magnitude, row_max, scale], float(constant.reshape(())), zero_point
 
 
-def fuse_row_quantization(model: onnx.ModelProto) -> int:
+def fuse_row_quantization(model: ModelProto) -> int:
     """Replace every per-row quantization chain of `model` by one RowQuantize node, in place; how many were replaced.
     The zero-point nodes no chain reads any more go too."""
     graph = model.graph
     index = GraphIndex(graph)
-    replaced: dict[int, onnx.NodeProto] = {}  # id(first node of a chain) -> its fused node
+    replaced: dict[int, NodeProto] = {}  # id(first node of a chain) -> its fused node
     dropped: set[int] = set()
     for node in graph.node:
         found = _chain(index, node)
         if found is None:
             continue
         (magnitude, row_max, scale), inverse_levels, zero_point = found
-        replaced[id(magnitude)] = helper.make_node(
+        replaced[id(magnitude)] = make_node(
             FUSED_OP, [node.input[0]], [node.output[0], scale.output[0]], f"{node.name or node.output[0]}.fused",
             domain=FUSED_DOMAIN, inverse_levels=inverse_levels, zero_point=zero_point)
         dropped.update({id(row_max), id(scale), id(node)})
@@ -97,10 +96,10 @@ def fuse_row_quantization(model: onnx.ModelProto) -> int:
     return len(replaced)
 
 
-def _without_unread_zero_points(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
+def _without_unread_zero_points(nodes: list[NodeProto], graph_outputs: set[str]) -> list[NodeProto]:
     """`nodes` less the per-tensor QuantizeLinear nodes (the zero points of the fused chains) nothing reads now."""
     read = {name for node in nodes for name in node.input} | graph_outputs
-    def unread(node: onnx.NodeProto) -> bool:
+    def unread(node: NodeProto) -> bool:
         return node.op_type == "QuantizeLinear" and attribute(node, "block_size") is None and node.output[0] not in read
 
     return [node for node in nodes if not unread(node)]

@@ -7,24 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import helper
 
 from nmt_serve.runtime import native_fusions
 from nmt_serve.runtime.cross_attention_fusion import FUSED_OP, fuse_cross_attention
 from nmt_serve.runtime.native_kernels import NativeKernels
+from nmt_serve.runtime.onnx_proto import add_attribute, parse_model
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from tests.decoder_calls import CALLS, run_calls
 
 BLOCK_ONLY = {"Concat", "MultiHeadAttention"}  # node types the decoder has only in its cross-attention blocks
-SOURCE_LENGTHS = (5, 30, 12)  # short, long, short: the long one in the wide group, the others in the narrow one
-# Each call: the rows' parents in the call before (-1: a new row) and the source each row reads. The second call
-# reorders a beam; the third reads only short sources, so the wide group holds no source.
-CALLS = [([-1, -1, -1, -1, -1, -1], [0, 0, 0, 1, 1, 2]), ([0, 0, 1, 3, 4, 5], [0, 0, 0, 1, 1, 2]), ([0, 1, 5], [0, 0, 2])]
 
 
-def decoder_graph(model_dir: Path) -> onnx.ModelProto:
-    return onnx.load(str(model_dir / "decoder.onnx"), load_external_data=False)
+def decoder_graph(model_dir: Path):  # -> the ModelProto of runtime/onnx_proto.py
+    return parse_model((model_dir / "decoder.onnx").read_bytes())
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
@@ -41,33 +37,14 @@ def test_a_block_in_another_form_is_left_as_it_is(tiny_model_dir: Path) -> None:
     """A causal attention (unidirectional=1) is not the exporter's cross-attention: that layer's block stays."""
     model = decoder_graph(tiny_model_dir)
     attention = next(node for node in model.graph.node if node.op_type == "MultiHeadAttention")
-    kept = [found for found in attention.attribute if found.name != "unidirectional"]
-    del attention.attribute[:]
-    attention.attribute.extend([*kept, helper.make_attribute("unidirectional", 1)])
+    existing = [found for found in attention.attribute if found.name == "unidirectional"]
+    if existing:
+        existing[0].i = 1
+    else:
+        add_attribute(attention, "unidirectional", 1)
     layers = sum(node.op_type == "GroupQueryAttention" for node in model.graph.node)
     assert fuse_cross_attention(model) == layers - 1
     assert sum(node.op_type == "MultiHeadAttention" for node in model.graph.node) == 2
-
-
-def run_calls(runtime: Runtime) -> list[np.ndarray]:
-    """CALLS through the runtime's decoder over SOURCE_LENGTHS' encoded sources; each call's log-probs."""
-    config = runtime.config
-    rng = np.random.default_rng(5)
-    width = 32
-    ids = np.full((len(SOURCE_LENGTHS), width), config.pad_id, dtype=np.int64)
-    mask = np.zeros((len(SOURCE_LENGTHS), width), dtype=bool)
-    for source, length in enumerate(SOURCE_LENGTHS):
-        ids[source, : length - 1] = rng.integers(4, config.vocab_size, length - 1)
-        ids[source, length - 1] = config.eos_id
-        mask[source, :length] = True
-    cross = runtime.encode(ids, mask)
-    cache = runtime.new_step_cache()
-    results = []
-    for parents, sources in CALLS:
-        tokens = rng.integers(4, config.vocab_size, len(parents)).astype(np.int64)
-        cache.arrange(np.array(parents), tokens, np.array(sources), np.array(sources), cross, mask)
-        results.append(cache.run().copy())
-    return results
 
 
 @pytest.mark.parametrize("model", ["fp32", "int8 with an int8 cache", "imported Marian int8"])

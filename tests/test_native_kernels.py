@@ -191,7 +191,7 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     model_dir = tiny_model_dir if precision == "fp32" else int8_cache_dir
     runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library)))
     runtime.warm_up()
-    # The cross-attention blocks run fused (runtime/cross_attention_fusion.py); an fp32 graph quantizes nothing.
+    # The cross-attention blocks run fused (runtime/native_fusions.py); an fp32 graph quantizes nothing.
     quantization = ["row_quantization"] if precision != "fp32" else []
     assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization]
     check = runtime.self_check()

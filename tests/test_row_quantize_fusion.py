@@ -17,6 +17,7 @@ from nmt_serve.runtime import ort_step
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
 from nmt_serve.runtime.native_fusions import fused_model_bytes
 from nmt_serve.runtime.native_kernels import NativeKernels
+from nmt_serve.runtime.onnx_proto import parse_model
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.row_quantize_fusion import FUSED_OP, fuse_row_quantization
 
@@ -59,7 +60,7 @@ def hard_rows(rng: np.random.Generator, batch: int, rows: int, width: int) -> np
 @pytest.mark.parametrize("scheme", ROW_SCHEMES)
 def test_every_row_quantization_chain_becomes_one_node(tmp_path: Path, scheme: str) -> None:
     """Each quantized product's chain goes, and its zero-point node with it; the products keep their inputs' names."""
-    model = onnx.load(str(quantized_model(tmp_path, 32, scheme)))
+    model = parse_model(quantized_model(tmp_path, 32, scheme).read_bytes())
     products = sum(node.op_type == "MatMulIntegerToFloat" for node in model.graph.node)
     assert fuse_row_quantization(model) == products == 2
     kinds = {node.op_type for node in model.graph.node}
@@ -74,12 +75,13 @@ def test_a_chain_in_another_form_is_left_as_it_is(tmp_path: Path) -> None:
     model = onnx.load(str(quantized_model(tmp_path, 32)))
     row_max = next(node for node in model.graph.node if node.op_type == "ReduceMax")
     model.graph.output.append(helper.make_empty_tensor_value_info(row_max.output[0]))
+    model = parse_model(model.SerializeToString())
     assert fuse_row_quantization(model) == 1
     assert sum(node.op_type == "ReduceMax" for node in model.graph.node) == 1
 
 
 def test_an_fp32_graph_has_no_quantization_to_fuse(tiny_model_dir: Path) -> None:
-    assert fuse_row_quantization(onnx.load(str(tiny_model_dir / "decoder.onnx"), load_external_data=False)) == 0
+    assert fuse_row_quantization(parse_model((tiny_model_dir / "decoder.onnx").read_bytes())) == 0
 
 
 def test_an_fp32_encoder_loads_with_the_library(native_kernels_library: Path, tiny_model_dir: Path,

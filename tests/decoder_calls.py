@@ -1,0 +1,34 @@
+"""Decoder calls for comparing two runtimes of one model dir bit for bit: sources of both source groups, a beam that
+reorders and a call that leaves the wide group empty."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nmt_serve.server.engine.sessions import Runtime
+
+SOURCE_LENGTHS = (5, 30, 12)  # short, long, short: the long one in the wide group, the others in the narrow one
+# Each call: the rows' parents in the call before (-1: a new row) and the source each row reads. The second call
+# reorders a beam; the third reads only short sources, so the wide group holds no source.
+CALLS = [([-1, -1, -1, -1, -1, -1], [0, 0, 0, 1, 1, 2]), ([0, 0, 1, 3, 4, 5], [0, 0, 0, 1, 1, 2]), ([0, 1, 5], [0, 0, 2])]
+
+
+def run_calls(runtime: Runtime) -> list[np.ndarray]:
+    """CALLS through the runtime's decoder over SOURCE_LENGTHS' encoded sources; each call's log-probs."""
+    config = runtime.config
+    rng = np.random.default_rng(5)
+    width = 32
+    ids = np.full((len(SOURCE_LENGTHS), width), config.pad_id, dtype=np.int64)
+    mask = np.zeros((len(SOURCE_LENGTHS), width), dtype=bool)
+    for source, length in enumerate(SOURCE_LENGTHS):
+        ids[source, : length - 1] = rng.integers(4, config.vocab_size, length - 1)
+        ids[source, length - 1] = config.eos_id
+        mask[source, :length] = True
+    cross = runtime.encode(ids, mask)
+    cache = runtime.new_step_cache()
+    results = []
+    for parents, sources in CALLS:
+        tokens = rng.integers(4, config.vocab_size, len(parents)).astype(np.int64)
+        cache.arrange(np.array(parents), tokens, np.array(sources), np.array(sources), cross, mask)
+        results.append(cache.run().copy())
+    return results
