@@ -47,13 +47,13 @@ def test_a_block_in_another_form_is_left_as_it_is(tiny_model_dir: Path) -> None:
     assert sum(node.op_type == "MultiHeadAttention" for node in model.graph.node) == 2
 
 
-@pytest.mark.parametrize("model", ["fp32", "int8 with an int8 cache", "imported Marian int8"])
+@pytest.mark.parametrize("model", ["fp32", "int8 with an int8 cache", "imported Marian int8", "imported NLLB int8"])
 def test_fused_decoder_gives_the_native_attention_kernels_bits(model: str, native_kernels_library: Path, request: pytest.FixtureRequest,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The decoder with its cross-attention blocks fused against the same decoder whose MultiHeadAttention nodes run on
     the native kernel: identical log-probs in every call, and the fused node is what ran."""
-    if model == "imported Marian int8":
-        model_dir = request.getfixturevalue("imported_marian") / "onnx-int8"
+    if model.startswith("imported"):  # Marian post-norm with swish; NLLB pre-norm
+        model_dir = request.getfixturevalue("imported_marian" if "Marian" in model else "imported_nllb") / "onnx-int8"
     else:
         model_dir = request.getfixturevalue("tiny_model_dir" if model == "fp32" else "int8_cache_dir")
     settings = RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library))
