@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 
 from nmt_serve.export.exact_halves import expand_exact_halves, has_external_weights
-from nmt_serve.export.graph_links import readers, writers
 from nmt_serve.export.row_quantization import known_shapes, quantize_rows
 from nmt_serve.export.shared_weights import inline_shared_weights
+from nmt_serve.runtime.graph_links import readers, writers
 
 logger = logging.getLogger(__name__)
 

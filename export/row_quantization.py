@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from nmt_serve.export.graph_links import readers, writers
+from nmt_serve.runtime.graph_links import readers, writers
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ runtime/native_fusions.py applies it to the copy in memory only. A block in any 
 
 from __future__ import annotations
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, declare_fused_domain
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, replace_nodes
 from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 
 FUSED_OP = "GroupedCrossAttention"
@@ -63,7 +63,7 @@ def _block(graph: GraphIndex, rows: NodeProto) -> tuple[list[str], list[NodeProt
     query = graph.made_by(narrow_query, "Reshape")
     if narrow_query != wide_query or narrow_attributes != wide_attributes or query is None or graph.vector(query.input[1]) != [-1, width]:
         return None
-    query_readers = {id(reader) for reader in graph.readers[narrow_query]}
+    query_readers = {id(reader) for reader in graph.readers.get(narrow_query, [])}
     if query_readers != {id(narrow_nodes[2]), id(wide_nodes[2])} or narrow_query in graph.outputs:
         return None
     inputs = [query.input[0], *narrow, *wide, by_row.input[1]]
@@ -85,10 +85,4 @@ def fuse_cross_attention(model: ModelProto) -> int:
         replaced[id(node)] = make_node(FUSED_OP, inputs, [node.output[0]], f"{node.name or node.output[0]}.fused",
                                               domain=FUSED_DOMAIN, **attributes)  # fmt: skip
         dropped.update(id(part) for part in nodes if part is not node)
-    if not replaced:
-        return 0
-    kept = [replaced.get(id(node), node) for node in graph.node if id(node) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
-    declare_fused_domain(model)
-    return len(replaced)
+    return replace_nodes(model, replaced, dropped)

@@ -3,10 +3,9 @@ tensor, and a graph's small constants."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
+from nmt_serve.runtime.graph_links import readers, writers
 from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, small_tensor
 
 STOCK_DOMAINS = ("", "ai.onnx")
@@ -17,11 +16,8 @@ class GraphIndex:
     """Who makes and who reads each tensor of a graph, and its constants of at most 16 elements."""
 
     def __init__(self, graph) -> None:  # a GraphProto of runtime/onnx_proto.py
-        self.producer = {output: node for node in graph.node for output in node.output}
-        self.readers: dict[str, list[NodeProto]] = defaultdict(list)
-        for node in graph.node:
-            for name in node.input:
-                self.readers[name].append(node)
+        self.producer = writers(graph)
+        self.readers = readers(graph)
         self.constants: dict[str, np.ndarray] = {}
         for tensor in graph.initializer:
             value = small_tensor(tensor) if tensor.data_location != EXTERNAL and int(np.prod(tensor.dims)) <= 16 else None
@@ -35,7 +31,7 @@ class GraphIndex:
 
     def only_reader(self, name: str, node: NodeProto) -> bool:
         """Whether `node` is the one reader of `name` (and the graph does not output it): the fusion may drop it."""
-        return name not in self.outputs and [id(reader) for reader in self.readers[name]] == [id(node)]
+        return name not in self.outputs and [id(reader) for reader in self.readers.get(name, [])] == [id(node)]
 
     def scalar(self, name: str) -> np.ndarray | None:
         value = self.constants.get(name)
@@ -50,3 +46,17 @@ class GraphIndex:
 def declare_fused_domain(model: ModelProto) -> None:
     if all(opset.domain != FUSED_DOMAIN for opset in model.opset_import):
         model.opset_import.add(domain=FUSED_DOMAIN, version=1)
+
+
+def replace_nodes(model: ModelProto, replaced: dict[int, NodeProto], dropped: set[int]) -> int:
+    """A fusion's edit, in place: each node whose id is in `replaced` becomes its fused node (where it stood, so the
+    order stays topological), those in `dropped` go; the fused domain is declared. How many fused nodes went in. The
+    caller holds the node objects whose ids it passes (a message's id is its identity only while the object lives)."""
+    if not replaced and not dropped:
+        return 0
+    graph = model.graph
+    kept = [replaced.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    declare_fused_domain(model)
+    return len(replaced)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, declare_fused_domain
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, replace_nodes
 from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 
 FUSED_OP = "RowQuantize"
@@ -86,20 +86,15 @@ def fuse_row_quantization(model: ModelProto) -> int:
             FUSED_OP, [node.input[0]], [node.output[0], scale.output[0]], f"{node.name or node.output[0]}.fused",
             domain=FUSED_DOMAIN, inverse_levels=inverse_levels, zero_point=zero_point)
         dropped.update({id(row_max), id(scale), id(node)})
-    if not replaced:
-        return 0
-    kept = [replaced.get(id(node), node) for node in graph.node if id(node) not in dropped]
-    kept = _without_unread_zero_points(kept, {value.name for value in graph.output})
-    del graph.node[:]
-    graph.node.extend(kept)
-    declare_fused_domain(model)
-    return len(replaced)
+    fused = replace_nodes(model, replaced, dropped)
+    if fused:
+        unread = _unread_zero_points(graph)  # held while their ids are used
+        replace_nodes(model, {}, {id(node) for node in unread})
+    return fused
 
 
-def _without_unread_zero_points(nodes: list[NodeProto], graph_outputs: set[str]) -> list[NodeProto]:
-    """`nodes` less the per-tensor QuantizeLinear nodes (the zero points of the fused chains) nothing reads now."""
-    read = {name for node in nodes for name in node.input} | graph_outputs
-    def unread(node: NodeProto) -> bool:
-        return node.op_type == "QuantizeLinear" and attribute(node, "block_size") is None and node.output[0] not in read
-
-    return [node for node in nodes if not unread(node)]
+def _unread_zero_points(graph) -> list[NodeProto]:  # a GraphProto of runtime/onnx_proto.py
+    """The per-tensor QuantizeLinear nodes (the zero points of fused chains) nothing reads any more."""
+    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    return [node for node in graph.node
+            if node.op_type == "QuantizeLinear" and attribute(node, "block_size") is None and node.output[0] not in read]  # fmt: skip

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from nmt_serve.export.decoder_graph import ACTIVATION_WRITERS, write_activation
-from nmt_serve.export.graph_links import readers, writers
 from nmt_serve.export.graph_writer import GraphWriter
 from nmt_serve.export.onnx_export import main as export_main
 from nmt_serve.export.parity import run_parity
@@ -22,6 +21,7 @@ from nmt_serve.model.config import ACTIVATIONS
 from nmt_serve.model.torch_step import TorchStep
 from nmt_serve.model.transformer import ACTIVATION_FUNCTIONS
 from nmt_serve.runtime import source_group, step_cache
+from nmt_serve.runtime.graph_links import readers, writers
 from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
