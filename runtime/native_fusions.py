@@ -14,13 +14,16 @@ from pathlib import Path
 
 from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
 from nmt_serve.runtime.onnx_proto import ModelProto, parse_model
+from nmt_serve.runtime.quantized_matmul_fusion import fuse_quantized_matmuls
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 
 logger = logging.getLogger(__name__)
 
 CONTRIB_DOMAIN = "com.microsoft"
 
-FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "cross-attention blocks": fuse_cross_attention}
+# In order: the weight products' fusion takes the RowQuantize nodes the first one writes.
+FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "int8 weight products": fuse_quantized_matmuls,
+           "cross-attention blocks": fuse_cross_attention}
 
 
 def fused_model_bytes(path: Path) -> bytes | None:

@@ -3,9 +3,13 @@ reorders and a call that leaves the wide group empty."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from nmt_serve.server.engine.sessions import Runtime
+import numpy as np
+import pytest
+
+from nmt_serve.runtime import native_fusions
+from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 SOURCE_LENGTHS = (5, 30, 12)  # short, long, short: the long one in the wide group, the others in the narrow one
 # Each call: the rows' parents in the call before (-1: a new row) and the source each row reads. The second call
@@ -32,3 +36,20 @@ def run_calls(runtime: Runtime) -> list[np.ndarray]:
         cache.arrange(np.array(parents), tokens, np.array(sources), np.array(sources), cross, mask)
         results.append(cache.run().copy())
     return results
+
+
+def model_dir_for(model: str, request: pytest.FixtureRequest, fixtures: dict[str, str]) -> Path:
+    """The int8 dir a comparison names: 'imported Marian int8' (post-norm, swish), 'imported NLLB int8' (pre-norm), or
+    one of `fixtures` (name -> fixture)."""
+    if model.startswith("imported"):
+        return request.getfixturevalue("imported_marian" if "Marian" in model else "imported_nllb") / "onnx-int8"
+    return request.getfixturevalue(fixtures[model])
+
+
+def with_and_without(model_dir: Path, library: Path, fusion: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Runtime, Runtime]:
+    """Runtimes of `model_dir` on the native kernels with every fusion, and with all but `fusion` (a FUSIONS name)."""
+    settings = RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(library))
+    fused = Runtime(model_dir, settings)
+    with monkeypatch.context() as patch:
+        patch.delitem(native_fusions.FUSIONS, fusion)
+        return fused, Runtime(model_dir, settings)

@@ -9,12 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt_serve.runtime import native_fusions
 from nmt_serve.runtime.cross_attention_fusion import FUSED_OP, fuse_cross_attention
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import add_attribute, parse_model
-from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
-from tests.decoder_calls import CALLS, run_calls
+from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
 
 BLOCK_ONLY = {"Concat", "MultiHeadAttention"}  # node types the decoder has only in its cross-attention blocks
 
@@ -52,15 +50,8 @@ def test_fused_decoder_gives_the_native_attention_kernels_bits(model: str, nativ
                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The decoder with its cross-attention blocks fused against the same decoder whose MultiHeadAttention nodes run on
     the native kernel: identical log-probs in every call, and the fused node is what ran."""
-    if model.startswith("imported"):  # Marian post-norm with swish; NLLB pre-norm
-        model_dir = request.getfixturevalue("imported_marian" if "Marian" in model else "imported_nllb") / "onnx-int8"
-    else:
-        model_dir = request.getfixturevalue("tiny_model_dir" if model == "fp32" else "int8_cache_dir")
-    settings = RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library))
-    fused = Runtime(model_dir, settings)
-    with monkeypatch.context() as patch:
-        patch.delitem(native_fusions.FUSIONS, "cross-attention blocks")
-        unfused = Runtime(model_dir, settings)
+    model_dir = model_dir_for(model, request, {"fp32": "tiny_model_dir", "int8 with an int8 cache": "int8_cache_dir"})
+    fused, unfused = with_and_without(model_dir, native_kernels_library, "cross-attention blocks", monkeypatch)
     counters = NativeKernels(native_kernels_library)
     before = counters.calls()
     fused_results = run_calls(fused)

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.export.optimize import DEFAULT_INT8_SCHEME, INT8_SCHEMES, convert_to_int8
-from nmt_serve.runtime import ort_step
+from nmt_serve.runtime import native_fusions, ort_step
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
 from nmt_serve.runtime.native_fusions import fused_model_bytes
 from nmt_serve.runtime.native_kernels import NativeKernels
@@ -102,10 +102,13 @@ def test_an_fp32_encoder_loads_with_the_library(native_kernels_library: Path, ti
 
 @pytest.mark.parametrize("width", [256, 1000, 24])
 @pytest.mark.parametrize("scheme", ROW_SCHEMES)
-def test_fused_graph_gives_the_stock_graphs_bits(native_kernels_library: Path, tmp_path: Path, width: int, scheme: str) -> None:
+def test_fused_graph_gives_the_stock_graphs_bits(native_kernels_library: Path, tmp_path: Path, width: int, scheme: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The fused graph on the native kernel against the same graph's stock nodes on ONNX Runtime's: identical outputs
     (levels and scales are the same bytes), widths on the 32-wide vector path, past it with a tail (1000) and on the
-    scalar path alone (24)."""
+    scalar path alone (24). The weight products' fusion, which takes RowQuantize nodes into its own, is left out here
+    (tests/test_quantized_matmul_fusion.py)."""
+    monkeypatch.delitem(native_fusions.FUSIONS, "int8 weight products")
     path = quantized_model(tmp_path, width, scheme)
     x = hard_rows(np.random.default_rng(1), 3, 5, width)
     stock = make_session(path, CPU, threads=1).run(None, {"x": x})[0]

@@ -48,5 +48,7 @@ const OrtCustomOp* row_quantize_op();  // per-row activation quantization in one
 uint64_t row_quantize_calls();
 const OrtCustomOp* grouped_cross_attention_op();  // a layer's whole cross-attention block in one node (grouped_cross_attention.cc)
 uint64_t grouped_cross_attention_calls();
+const OrtCustomOp* quantized_matmul_op();  // a whole int8 weight product with its quantization and epilogue (quantized_matmul.cc)
+uint64_t quantized_matmul_calls();
 
 }  // namespace nmt_kernels
