@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
+from nmt_serve.runtime.host import cpu_facts
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
 from nmt_serve.runtime.quantized_matmul_fusion import FUSED_OP, fuse_quantized_matmuls
@@ -20,6 +21,8 @@ from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
 
 CPU = ["CPUExecutionProvider"]
+# The kernel's tiles by instruction set (NMT_KERNELS_ISA caps them) and the /proc/cpuinfo flag each needs.
+TILE_PATHS = {"avx2": "avx2", "avx512-vnni": "avx512_vnni", "amx": "amx_int8"}
 PRODUCT = "MatMulIntegerToFloat"
 INVERSE_LEVELS = np.float32(1.0 / 127.0)
 
@@ -100,13 +103,28 @@ def expected_output(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, weight
     return np.maximum(y, np.float32(0)) if epilogue == "relu" else y
 
 
+def on_tiles(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the kernels made from here on `path`'s tiles; skipped where the CPU has not that instruction set."""
+    if TILE_PATHS[path] not in cpu_facts()["features"]:
+        pytest.skip(f"this CPU has no {TILE_PATHS[path]}: its tiles cannot run here")
+    monkeypatch.setenv("NMT_KERNELS_ISA", path)
+
+
+def kernel_session(model, library: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
+
+
+@pytest.mark.parametrize("path", list(TILE_PATHS))
 @pytest.mark.parametrize("epilogue", ["none", "bias", "relu", "residual"])
 @pytest.mark.parametrize("rows,inner,width", [(1, 256, 768), (3, 40, 24), (8, 1024, 40), (37, 100, 200), (64, 256, 64)])
 def test_quantized_matmul_kernel_matches_the_definition(native_kernels_library: Path, rows: int, inner: int, width: int,
-                                                        epilogue: str) -> None:  # fmt: skip
-    """The node alone against its definition, bit for bit: widths with a ragged last block (24, 40, 200), inner sizes
-    padded to the kernel's step (40, 100), weight zero points set, a row of zeros, and row counts on the vector tiles
-    (1, 3, 8) and past 16 (AMX tiles and their remainder where the CPU has AMX)."""
+                                                        epilogue: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The node alone against its definition, bit for bit, on each instruction set's tiles the CPU has: widths with a
+    ragged last block (24, 40, 200), inner sizes padded to the kernel's step (40, 100), weight zero points set, a row
+    of zeros, and row counts from 1 to 64 (AMX from 4 rows, its last group of 16 padded)."""
+    on_tiles(path, monkeypatch)
     rng = np.random.default_rng(rows * 7 + inner)
     model, weight, scale, zero_point, bias = product_model(rows, inner, width, rng, epilogue, zero_points=rows % 2 == 1)
     x = (rng.standard_normal((rows, inner)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
@@ -116,10 +134,21 @@ def test_quantized_matmul_kernel_matches_the_definition(native_kernels_library: 
     if epilogue == "residual":
         residual = rng.standard_normal((rows, width)).astype(np.float32)
         feeds["residual"] = residual
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(str(native_kernels_library))
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
+    session = kernel_session(model, native_kernels_library)
     np.testing.assert_array_equal(session.run(None, feeds)[0], expected_output(x, weight, scale, zero_point, bias, residual, epilogue))
+
+
+def test_eight_bit_weights_on_avx2_tiles_are_refused(native_kernels_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vpmaddubsw's 16-bit pairs overflow with 8-bit weights: on the AVX2 tiles the kernel refuses them when the session
+    is made, naming why (the runtime then loads the graph as it is, with the library)."""
+    on_tiles("avx2", monkeypatch)
+    model, *_ = product_model(2, 64, 32, np.random.default_rng(9), "none", zero_points=False)
+    weight = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
+    values = numpy_helper.to_array(weight).copy()
+    values[0, 0] = -128
+    weight.CopyFrom(numpy_helper.from_array(values, "weight"))
+    with pytest.raises(Exception, match="8-bit weights need VNNI on this CPU"):
+        kernel_session(model, native_kernels_library)
 
 
 @pytest.mark.parametrize("model", ["int8", "int8 with an int8 cache", "imported Marian int8", "imported NLLB int8"])

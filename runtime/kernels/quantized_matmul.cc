@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -409,8 +410,12 @@ class QuantizedMatMulKernel {
     zero_point_ = static_cast<int>(zero_point);
     has_residual_ = has_input(kernel_info, kResidual);
     weights_ = pack(kernel_info, zero_point_);
-    vnni_ = cpu_has_vnni();
-    amx_ = vnni_ && amx_permitted();
+    // NMT_KERNELS_ISA=avx2 or avx512-vnni caps the tiles below what the CPU has, so that the tests run every path
+    // the CPU can (tests/test_quantized_matmul_fusion.py); unset, the CPU's best runs.
+    const char* cap = std::getenv("NMT_KERNELS_ISA");
+    const std::string isa = cap ? cap : "";
+    vnni_ = isa != "avx2" && cpu_has_vnni();
+    amx_ = vnni_ && isa != "avx512-vnni" && amx_permitted();
     // 8-bit weights would overflow vpmaddubsw's 16-bit pairs: without VNNI the session runs the stock nodes instead.
     if (!vnni_ && !weights_.seven_bit) refuse("8-bit weights need VNNI on this CPU");
   }
