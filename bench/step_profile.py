@@ -30,8 +30,12 @@ from nmt_serve.server.engine.jobs import StepProfile
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_MATMULS = frozenset({"MatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "Gemm", "FusedMatMul", "QGemm"})
-ATTENTION = frozenset({"MultiHeadAttention", "GroupQueryAttention", "Attention", "DecoderMaskedMultiHeadAttention"})
+# QuantizedMatMul: the native kernels' fused int8 product (runtime/quantized_matmul_fusion.py), its row quantization,
+# bias and ReLU or residual included; RowQuantize and GroupedCrossAttention their other fused nodes.
+WEIGHT_MATMULS = frozenset({"MatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "Gemm", "FusedMatMul",
+                            "QGemm", "QuantizedMatMul"})  # fmt: skip
+ATTENTION = frozenset({"MultiHeadAttention", "GroupQueryAttention", "Attention", "DecoderMaskedMultiHeadAttention",
+                       "GroupedCrossAttention"})  # fmt: skip
 LAYER_NORMS = frozenset({"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"})
 OUTPUT_SEARCH = frozenset({"LogSoftmax", "TopK"})
 EMBEDDINGS = frozenset({"Gather", "DequantizeLinear"})
@@ -43,7 +47,7 @@ KINDS = ("weight MatMuls", ACTIVATION_QUANTIZATION, "attention", "layer norms", 
 def node_kind(op_type: str, node_name: str) -> str:
     """The kind of one profiled kernel. Per-row quantization nodes are plain Abs/ReduceMax/Mul/...: the exporter
     names them `<quantizer>.row.*` and their rescales `*.row_rescale` (export/row_quantization.py)."""
-    if op_type == "DynamicQuantizeLinear" or ".row." in node_name or node_name.endswith(".row_rescale"):
+    if op_type in ("DynamicQuantizeLinear", "RowQuantize") or ".row." in node_name or node_name.endswith(".row_rescale"):
         return ACTIVATION_QUANTIZATION
     if op_type in WEIGHT_MATMULS:
         return "weight MatMuls"
@@ -109,9 +113,10 @@ class CellProfile:
         return (self.engine.total_s - self.engine.encode_s) * 1e3 / max(self.steps, 1)
 
 
-def run_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, profile_prefix: str = "") -> tuple[EngineSystem, StepProfile]:
+def run_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, profile_prefix: str = "",
+             native_kernels: str = "off") -> tuple[EngineSystem, StepProfile]:  # fmt: skip
     """The engine as nmt-bench runs it, fresh for this cell: one untimed pass, then `repeats`; the engine's profile of those."""
-    system = EngineSystem(model_dir, threads, model_dir.name, decoder_profile_prefix=profile_prefix)
+    system = EngineSystem(model_dir, threads, model_dir.name, decoder_profile_prefix=profile_prefix, native_kernels=native_kernels)
     batch = sources[: cell.batch]
     system.run(batch, cell)
     before = replace(system.cell_profiles[cell])
@@ -120,11 +125,13 @@ def run_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int
     return system, system.cell_profiles[cell] - before
 
 
-def profile_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, work: Path) -> CellProfile:
+def profile_cell(model_dir: Path, sources: list[list[int]], cell: Cell, repeats: int, threads: int, work: Path,
+                 native_kernels: str = "off") -> CellProfile:  # fmt: skip
     """The step timed without the profiler (it multiplies a small step's time several times over), then the node
     times from a profiled run of the same cell, in a runtime of its own so that its profile file holds this cell alone."""
-    _, plain = run_cell(model_dir, sources, cell, repeats, threads)
-    system, profiled = run_cell(model_dir, sources, cell, repeats, threads, str(work / f"{model_dir.name}-b{cell.batch}-k{cell.beam}"))
+    _, plain = run_cell(model_dir, sources, cell, repeats, threads, native_kernels=native_kernels)
+    prefix = str(work / f"{model_dir.name}-b{cell.batch}-k{cell.beam}")
+    system, profiled = run_cell(model_dir, sources, cell, repeats, threads, prefix, native_kernels)
     nodes = read_profile(Path(system.runtime.decoder.end_profiling()), profiled.steps)
     return CellProfile(steps=plain.steps, engine=plain, nodes=nodes)
 
@@ -161,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", type=Path, default=Path("artifacts/de-en-small"), help="its tokenizer encodes the sampled sources")
     parser.add_argument("--test", type=Path, default=Path("data/corpus/test.tsv"), help="sources sampled from it (random ids without it)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--native-kernels", default="off", help="'auto' or a library path: the engine on the native kernels with "
+                        "the runtime's fusions, as the server runs it where they are built (runtime/native_kernels.py); "
+                        "'off': ONNX Runtime's own")  # fmt: skip
     parser.add_argument("--top", type=int, default=12, help="slowest nodes listed per model dir")
     add_cell_arguments(parser, repeats=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/step-profile.md"))
@@ -185,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vocab_size = load_model_dir(next(iter(dirs.values()))).config.vocab_size
     sources = sample_sources(args.test, max(cell.batch for cell in cells), vocab_size, args.checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
-        profiles = {label: {cell: profile_cell(path, sources, cell, args.repeats, args.threads, Path(tmp)) for cell in cells}
-                    for label, path in dirs.items()}  # fmt: skip
+        profiles = {label: {cell: profile_cell(path, sources, cell, args.repeats, args.threads, Path(tmp), args.native_kernels)
+                            for cell in cells} for label, path in dirs.items()}  # fmt: skip
     write_report("Decoder step profile", "nmt-step-profile", argv, [format_tables(profiles, cells, args.top)], args.out)
     return 0
 

@@ -16,6 +16,9 @@ from nmt_serve.bench.systems import Cell
     ("Mul", "layer0.ffn_up.matmul_output.row_rescale", ACTIVATION_QUANTIZATION),
     ("DynamicQuantizeLinear", "layer0.ffn_up.matmul_QuantizeLinear", ACTIVATION_QUANTIZATION),
     ("GroupQueryAttention", "layer0.self_attn", "attention"),
+    ("QuantizedMatMul", "layer0.ffn_up.matmul_quant.to_float.fused", "weight MatMuls"),
+    ("RowQuantize", "hidden_QuantizeLinear.row.quantize.fused", ACTIVATION_QUANTIZATION),
+    ("GroupedCrossAttention", "layer0.cross_attn_rows.fused", "attention"),
     ("Mul", "layer0.something_else", "other nodes"),
 ])  # fmt: skip
 def test_node_kinds_follow_op_types_and_the_exporters_row_names(op_type: str, node: str, kind: str) -> None:
@@ -34,6 +37,17 @@ def test_profiled_cell_counts_each_decoder_run_once(which: str, request: pytest.
     assert shares["weight MatMuls"] > 0 and shares["attention"] > 0
     assert (shares[ACTIVATION_QUANTIZATION] > 0) == (which == "int8_dir")
     assert sum(profile.step_shares().values()) == pytest.approx(1.0)
+
+
+def test_profile_on_the_native_kernels_shows_the_fused_nodes(int8_dir: Path, native_kernels_library: Path, tmp_path: Path) -> None:
+    """--native-kernels: the engine as the server runs it where the kernels are built; the profile names the fused
+    nodes, the int8 products (with their quantization) among the weight MatMuls."""
+    cell = Cell(batch=2, beam=2, length=4)
+    profile = profile_cell(int8_dir, [[5, 6, 7, 8], [9, 10, 11]], cell, repeats=1, threads=1, work=tmp_path,
+                           native_kernels=str(native_kernels_library))  # fmt: skip
+    assert any(name.endswith("(QuantizedMatMul)") for name in profile.nodes.by_node)
+    assert not any("(MatMulIntegerToFloat)" in name for name in profile.nodes.by_node)
+    assert profile.kernel_shares()["weight MatMuls"] > 0
 
 
 def test_report_names_every_kind_and_cell(tiny_model_dir: Path, int8_dir: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
