@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from nmt_serve.runtime.candidate_top_k_fusion import fuse_candidate_top_k
 from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
 from nmt_serve.runtime.onnx_proto import ModelProto, parse_model
 from nmt_serve.runtime.quantized_matmul_fusion import fuse_quantized_matmuls
@@ -23,7 +24,7 @@ CONTRIB_DOMAIN = "com.microsoft"
 
 # In order: the weight products' fusion takes the RowQuantize nodes the first one writes.
 FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "int8 weight products": fuse_quantized_matmuls,
-           "cross-attention blocks": fuse_cross_attention}
+           "cross-attention blocks": fuse_cross_attention, "candidate searches": fuse_candidate_top_k}
 
 
 def fused_model_bytes(path: Path) -> bytes | None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nmt_serve.runtime import native_fusions
+from nmt_serve.runtime.onnx_proto import add_attribute
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
 SOURCE_LENGTHS = (5, 30, 12)  # short, long, short: the long one in the wide group, the others in the narrow one
@@ -17,8 +18,9 @@ SOURCE_LENGTHS = (5, 30, 12)  # short, long, short: the long one in the wide gro
 CALLS = [([-1, -1, -1, -1, -1, -1], [0, 0, 0, 1, 1, 2]), ([0, 0, 1, 3, 4, 5], [0, 0, 0, 1, 1, 2]), ([0, 1, 5], [0, 0, 2])]
 
 
-def run_calls(runtime: Runtime) -> list[np.ndarray]:
-    """CALLS through the runtime's decoder over SOURCE_LENGTHS' encoded sources; each call's log-probs."""
+def run_calls(runtime: Runtime, candidates: int = 0) -> list[np.ndarray]:
+    """CALLS through the runtime's decoder over SOURCE_LENGTHS' encoded sources; each call's log-probs, and with
+    `candidates` each call's best `candidates` log-probs and token ids of every other row too (the graph's TopK)."""
     config = runtime.config
     rng = np.random.default_rng(5)
     width = 32
@@ -33,8 +35,11 @@ def run_calls(runtime: Runtime) -> list[np.ndarray]:
     results = []
     for parents, sources in CALLS:
         tokens = rng.integers(4, config.vocab_size, len(parents)).astype(np.int64)
-        cache.arrange(np.array(parents), tokens, np.array(sources), np.array(sources), cross, mask)
+        picked = np.arange(0, len(parents), 2) if candidates else None
+        cache.arrange(np.array(parents), tokens, np.array(sources), np.array(sources), cross, mask, picked, candidates)
         results.append(cache.run().copy())
+        if candidates:
+            results += [found.copy() for found in cache.candidates()]
     return results
 
 
@@ -53,3 +58,12 @@ def with_and_without(model_dir: Path, library: Path, fusion: str, monkeypatch: p
     with monkeypatch.context() as patch:
         patch.delitem(native_fusions.FUSIONS, fusion)
         return fused, Runtime(model_dir, settings)
+
+
+def set_attribute(node, name: str, value: int) -> None:  # a NodeProto of runtime/onnx_proto.py
+    """Set an int attribute of a parsed node, adding it where the node leaves it at its default."""
+    existing = [found for found in node.attribute if found.name == name]
+    if existing:
+        existing[0].i = value
+    else:
+        add_attribute(node, name, value)

@@ -11,8 +11,8 @@ import pytest
 
 from nmt_serve.runtime.cross_attention_fusion import FUSED_OP, fuse_cross_attention
 from nmt_serve.runtime.native_kernels import NativeKernels
-from nmt_serve.runtime.onnx_proto import add_attribute, parse_model
-from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
+from nmt_serve.runtime.onnx_proto import parse_model
+from tests.decoder_calls import CALLS, model_dir_for, run_calls, set_attribute, with_and_without
 
 BLOCK_ONLY = {"Concat", "MultiHeadAttention"}  # node types the decoder has only in its cross-attention blocks
 
@@ -34,12 +34,7 @@ def test_each_layers_cross_attention_block_becomes_one_node(precision: str, tiny
 def test_a_block_in_another_form_is_left_as_it_is(tiny_model_dir: Path) -> None:
     """A causal attention (unidirectional=1) is not the exporter's cross-attention: that layer's block stays."""
     model = decoder_graph(tiny_model_dir)
-    attention = next(node for node in model.graph.node if node.op_type == "MultiHeadAttention")
-    existing = [found for found in attention.attribute if found.name == "unidirectional"]
-    if existing:
-        existing[0].i = 1
-    else:
-        add_attribute(attention, "unidirectional", 1)
+    set_attribute(next(node for node in model.graph.node if node.op_type == "MultiHeadAttention"), "unidirectional", 1)
     layers = sum(node.op_type == "GroupQueryAttention" for node in model.graph.node)
     assert fuse_cross_attention(model) == layers - 1
     assert sum(node.op_type == "MultiHeadAttention" for node in model.graph.node) == 2
