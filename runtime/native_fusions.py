@@ -39,7 +39,7 @@ def fused_model_bytes(path: Path) -> bytes | None:
     imported = _import_contrib_domain(model)
     if not any(counts.values()) and not imported:
         return None
-    fused = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
+    fused = ", ".join(f"{name} {count}" for name, count in counts.items() if count)
     done = f"fused in memory for the native kernels: {fused}" if fused else "com.microsoft imported in memory"
     logger.info("%s: %s", Path(path).name, done)
     return model.SerializeToString()

@@ -5,8 +5,9 @@
 // on disk is unchanged.
 //
 // Why: at a few decoder rows a product reads its weights once and does little else, and ONNX Runtime's int8 GEMM
-// spends more than the read on each call (1 to 8 rows: 2.3x-2.5x this kernel's time on an Intel Xeon with AMX, whose
-// tile kernels pay for 16 rows at every call); and the three to four nodes per product cost a dispatch each.
+// spends more than the read on each call (the default model's 19 decoder products at 1 to 8 rows: 1.15x-1.40x this
+// kernel's time, quantization included here and not there, on an Intel Xeon with AMX, whose tile kernels compute 16
+// rows at every call); and the three to four nodes per product cost a dispatch each.
 //
 // Same bits as the nodes it replaces: the levels are RowQuantize's (row_quantization.h); the integer sums are exact
 // (7-bit weights cannot fill a 16-bit pair on AVX2, and VNNI sums in 32 bits); each output is then
@@ -14,7 +15,8 @@
 // + bias, + residual and max(0, .) in the graph's order, one rounding each.
 //
 // Weights are packed once, when the session makes the kernel: blocks of 16 columns, each block's k in fours, so that
-// one 64-byte load feeds 16 four-term dot products (vpdpbusd) or two 8-column halves (vpmaddubsw on AVX2).
+// one 64-byte load feeds 16 four-term dot products (vpdpbusd), two 8-column halves (vpmaddubsw on AVX2) or, 16 such
+// loads, one AMX tile.
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -44,11 +46,12 @@ constexpr int64_t kDepth = 4;          // k per 32-bit lane: vpdpbusd adds four 
 constexpr int64_t kBlockBytes = kBlock * kDepth;
 constexpr int64_t kChunk = 64;         // k per AMX tile row; K is padded to it (zero levels meet zero weights)
 constexpr int64_t kAmxRows = 16;       // rows per AMX tile; a call's last group is padded with zero levels
-// From 4 rows a call runs on AMX tiles where the CPU has them. Below, the VNNI tiles are faster: the weights' read is
-// the whole cost and a tile computes 16 rows for one (Intel Xeon with AMX, 1 thread, the default model's 19 decoder
-// products against ONNX Runtime's: 1.24x-1.26x on VNNI tiles, 1.06x-1.24x on AMX at 1 and 2 rows; 0.91x against
-// 1.15x-1.19x at 8 rows).
-constexpr int64_t kAmxMinRows = 4;
+// From 8 rows a call runs on AMX tiles where the CPU has them. Below, the VNNI tiles are faster: the weights' read is
+// the whole cost and a tile computes 16 rows whatever the call has (Intel Xeon with AMX, 1 thread, the engine with
+// the tiles capped at VNNI against both, interleaved: AMX from 4 rows 0.90x the tokens/s at batch 1 beam 4, 1.17x and
+// 1.30x at batch 8 greedy and beam 4; the default model's 19 decoder products alone, against ONNX Runtime's:
+// 1.24x-1.26x on VNNI tiles at 1 and 2 rows, 1.06x-1.24x on AMX; at 8 rows 0.91x against 1.15x-1.19x).
+constexpr int64_t kAmxMinRows = 8;
 constexpr int kTileBlocks = 4;         // blocks per tile: its weights are read once for all its rows
 constexpr int kTileRowsVnni = 4;       // 4 rows x 4 blocks = 16 accumulators of the 32 zmm registers
 constexpr int kTileRowsAvx2 = 2;       // 2 rows x 2 blocks x 2 halves = 8 accumulators of the 16 ymm registers
