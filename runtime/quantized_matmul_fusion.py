@@ -16,7 +16,8 @@ from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_
 from nmt_serve.runtime.row_quantize_fusion import FUSED_OP as ROW_QUANTIZE
 
 FUSED_OP = "QuantizedMatMul"
-PRODUCT = ("MatMulIntegerToFloat", ("com.microsoft",))
+PRODUCT = "MatMulIntegerToFloat"
+CONTRIB_DOMAIN = "com.microsoft"
 INT8 = 3  # TensorProto.INT8: the kernel's weights (u8u8 schemes' uint8 weights stay on ONNX Runtime's product)
 PRODUCT_INPUTS = 6  # levels, weight, row scales, weight scale, zero point, weight zero point; a seventh (bias) is another form
 
@@ -37,7 +38,7 @@ def _product(graph: GraphIndex, initializers: dict, quantize: NodeProto) -> Node
         return None
     readers = graph.readers.get(quantize.output[0], [])
     product = readers[0] if len(readers) == 1 else None
-    if product is None or (product.op_type, product.domain in PRODUCT[1]) != (PRODUCT[0], True) or len(product.input) != PRODUCT_INPUTS:
+    if product is None or product.op_type != PRODUCT or product.domain != CONTRIB_DOMAIN or len(product.input) != PRODUCT_INPUTS:
         return None
     levels, weight, row_scales, weight_scale, zero_point, weight_zero_point = product.input
     if levels != quantize.output[0] or row_scales != quantize.output[1]:
@@ -57,23 +58,21 @@ def _product(graph: GraphIndex, initializers: dict, quantize: NodeProto) -> Node
 def _epilogue(graph: GraphIndex, initializers: dict, product: NodeProto, width: int) -> tuple[list[NodeProto], str, str, int]:
     """The nodes after `product` that the kernel takes over, its bias and residual inputs ('' when none) and whether it
     ends in a Relu: Add(constant bias of N values), then a Relu or an Add of a tensor the graph computes."""
-    last = product
     bias_add = _only_reader(graph, product.output[0], "Add")
     if bias_add is None:
         return [], "", "", 0
     bias = next((name for name in bias_add.input if name != product.output[0]), "")
     if bias not in initializers or list(initializers[bias].dims) != [width] or list(bias_add.input).count(product.output[0]) != 1:
         return [], "", "", 0
-    taken, last = [bias_add], bias_add
-    relu = _only_reader(graph, last.output[0], "Relu")
+    relu = _only_reader(graph, bias_add.output[0], "Relu")
     if relu is not None:
-        return [*taken, relu], bias, "", 1
-    residual_add = _only_reader(graph, last.output[0], "Add")
+        return [bias_add, relu], bias, "", 1
+    residual_add = _only_reader(graph, bias_add.output[0], "Add")
     if residual_add is not None:
-        residual = next((name for name in residual_add.input if name != last.output[0]), "")
-        if residual and residual not in initializers and list(residual_add.input).count(last.output[0]) == 1:
-            return [*taken, residual_add], bias, residual, 0
-    return taken, bias, "", 0
+        residual = next((name for name in residual_add.input if name != bias_add.output[0]), "")
+        if residual and residual not in initializers and list(residual_add.input).count(bias_add.output[0]) == 1:
+            return [bias_add, residual_add], bias, residual, 0
+    return [bias_add], bias, "", 0
 
 
 def _only_reader(graph: GraphIndex, name: str, op_type: str) -> NodeProto | None:
