@@ -33,6 +33,13 @@ class GraphIndex:
         """Whether `node` is the one reader of `name` (and the graph does not output it): the fusion may drop it."""
         return name not in self.outputs and [id(reader) for reader in self.readers.get(name, [])] == [id(node)]
 
+    def sole_reader(self, name: str, op_type: str, domain: tuple[str, ...] = STOCK_DOMAINS) -> NodeProto | None:
+        """The one node reading `name` when it is an `op_type` of `domain` and the graph does not output `name`."""
+        readers = self.readers.get(name, [])
+        if len(readers) != 1 or readers[0].op_type != op_type or readers[0].domain not in domain:
+            return None
+        return readers[0] if self.only_reader(name, readers[0]) else None
+
     def scalar(self, name: str) -> np.ndarray | None:
         value = self.constants.get(name)
         return value if value is not None and value.size == 1 else None

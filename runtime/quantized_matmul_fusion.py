@@ -11,7 +11,7 @@ the nodes after a product that other nodes also read.
 
 from __future__ import annotations
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, replace_nodes
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, replace_nodes
 from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 from nmt_serve.runtime.row_quantize_fusion import FUSED_OP as ROW_QUANTIZE
 
@@ -36,14 +36,11 @@ def _product(graph: GraphIndex, initializers: dict, quantize: NodeProto) -> Node
     """The MatMulIntegerToFloat that alone reads `quantize`'s levels and scales, on constant weights; else None."""
     if quantize.op_type != ROW_QUANTIZE or quantize.domain != FUSED_DOMAIN or len(quantize.output) != 2:
         return None
-    readers = graph.readers.get(quantize.output[0], [])
-    product = readers[0] if len(readers) == 1 else None
-    if product is None or product.op_type != PRODUCT or product.domain != CONTRIB_DOMAIN or len(product.input) != PRODUCT_INPUTS:
+    product = graph.sole_reader(quantize.output[0], PRODUCT, (CONTRIB_DOMAIN,))
+    if product is None or len(product.input) != PRODUCT_INPUTS:
         return None
     levels, weight, row_scales, weight_scale, zero_point, weight_zero_point = product.input
-    if levels != quantize.output[0] or row_scales != quantize.output[1]:
-        return None
-    if not (graph.only_reader(levels, product) and graph.only_reader(row_scales, product)):
+    if levels != quantize.output[0] or row_scales != quantize.output[1] or not graph.only_reader(row_scales, product):
         return None
     weights = initializers.get(weight)
     if weights is None or weights.data_type != INT8 or len(weights.dims) != 2:
@@ -58,28 +55,21 @@ def _product(graph: GraphIndex, initializers: dict, quantize: NodeProto) -> Node
 def _epilogue(graph: GraphIndex, initializers: dict, product: NodeProto, width: int) -> tuple[list[NodeProto], str, str, int]:
     """The nodes after `product` that the kernel takes over, its bias and residual inputs ('' when none) and whether it
     ends in a Relu: Add(constant bias of N values), then a Relu or an Add of a tensor the graph computes."""
-    bias_add = _only_reader(graph, product.output[0], "Add")
+    bias_add = graph.sole_reader(product.output[0], "Add")
     if bias_add is None:
         return [], "", "", 0
     bias = next((name for name in bias_add.input if name != product.output[0]), "")
     if bias not in initializers or list(initializers[bias].dims) != [width] or list(bias_add.input).count(product.output[0]) != 1:
         return [], "", "", 0
-    relu = _only_reader(graph, bias_add.output[0], "Relu")
+    relu = graph.sole_reader(bias_add.output[0], "Relu")
     if relu is not None:
         return [bias_add, relu], bias, "", 1
-    residual_add = _only_reader(graph, bias_add.output[0], "Add")
+    residual_add = graph.sole_reader(bias_add.output[0], "Add")
     if residual_add is not None:
         residual = next((name for name in residual_add.input if name != bias_add.output[0]), "")
         if residual and residual not in initializers and list(residual_add.input).count(bias_add.output[0]) == 1:
             return [bias_add, residual_add], bias, residual, 0
     return [bias_add], bias, "", 0
-
-
-def _only_reader(graph: GraphIndex, name: str, op_type: str) -> NodeProto | None:
-    readers = graph.readers.get(name, [])
-    if len(readers) != 1 or readers[0].op_type != op_type or readers[0].domain not in STOCK_DOMAINS:
-        return None
-    return readers[0] if graph.only_reader(name, readers[0]) else None
 
 
 def fuse_quantized_matmuls(model: ModelProto) -> int:

@@ -123,20 +123,28 @@ inline void store8(const Operands& op, int64_t row, int64_t n, __m256i sums) {
   }
 }
 
-// The AVX-512 form of store8 on a whole block: the same operations in the same order, 16 columns at a time, the
-// columns past N masked off.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16(const Operands& op, int64_t row, int64_t n, __m512i sums) {
+// The AVX-512 form of store8 for `rows` rows of one block, their sums 16 apart from `sums`: the same operations in
+// the same order, 16 columns at a time, the columns past N masked off, the block's per-column vectors loaded once for
+// all the rows (loaded per row, the epilogue was 13% of the encoder's time at 160 rows, the AMX products 34%).
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void finish_block(const Operands& op, const int32_t* sums,
+                                                                                           int64_t row0, int64_t rows, int64_t block) {
   const PackedWeights& w = *op.weights;
+  const int64_t n = block * kBlock;
   const __mmask16 live = w.width - n >= kBlock ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (w.width - n)) - 1);
-  sums = _mm512_add_epi32(sums, _mm512_loadu_si512(w.column_offsets.data() + n));
-  if (w.any_zero_point)
-    sums = _mm512_sub_epi32(sums, _mm512_mullo_epi32(_mm512_loadu_si512(w.zero_points.data() + n), _mm512_set1_epi32(op.row_sums[row])));
-  __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(w.scales.data() + n));
-  y = _mm512_mul_ps(y, _mm512_set1_ps(op.row_scales[row]));
-  if (w.has_bias) y = _mm512_add_ps(y, _mm512_loadu_ps(w.bias.data() + n));
-  if (op.residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(live, op.residual + row * w.width + n));
-  if (op.relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
-  _mm512_mask_storeu_ps(op.out + row * w.width + n, live, y);
+  const __m512i offsets = _mm512_loadu_si512(w.column_offsets.data() + n);
+  const __m512i zero_points = w.any_zero_point ? _mm512_loadu_si512(w.zero_points.data() + n) : _mm512_setzero_si512();
+  const __m512 scales = _mm512_loadu_ps(w.scales.data() + n);
+  const __m512 bias = w.has_bias ? _mm512_loadu_ps(w.bias.data() + n) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = row0 + r;
+    __m512i row_sums = _mm512_add_epi32(_mm512_load_si512(sums + r * kBlock), offsets);
+    if (w.any_zero_point) row_sums = _mm512_sub_epi32(row_sums, _mm512_mullo_epi32(zero_points, _mm512_set1_epi32(op.row_sums[row])));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(row_sums), scales), _mm512_set1_ps(op.row_scales[row]));
+    if (w.has_bias) y = _mm512_add_ps(y, bias);
+    if (op.residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(live, op.residual + row * w.width + n));
+    if (op.relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(op.out + row * w.width + n, live, y);
+  }
 }
 
 inline int32_t four_levels(const uint8_t* levels) {
@@ -192,8 +200,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni(c
       for (int c = 0; c < Blocks; ++c) sums[r][c] = _mm512_dpbusd_epi32(sums[r][c], a, b[c]);
     }
   }
-  for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < Blocks; ++c) store16(op, row0 + r, (block0 + c) * kBlock, sums[r][c]);
+  alignas(64) int32_t block_sums[Rows * kBlock];
+  for (int c = 0; c < Blocks; ++c) {
+    for (int r = 0; r < Rows; ++r) _mm512_store_si512(block_sums + r * kBlock, sums[r][c]);
+    finish_block(op, block_sums, row0, Rows, block0 + c);
+  }
 }
 
 using Tile = void (*)(const Operands&, int64_t, int64_t);
@@ -221,26 +232,6 @@ __attribute__((target("amx-tile"))) void load_tile_config() {
   if (std::memcmp(&current, &wanted, sizeof(wanted)) != 0) _tile_loadconfig(&wanted);
 }
 
-// Writes the sums of one 16 x 16 tile from row0, padding rows skipped: store16's operations in its order, the block's
-// per-column vectors loaded once for the tile's rows rather than per row (the epilogue per row was 13% of the
-// encoder's time at 160 rows, the tiles' products 34%).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_tile(const Operands& op, const int32_t* sums, int64_t row0, int64_t block) {
-  const PackedWeights& w = *op.weights;
-  const int64_t n = block * kBlock, rows = std::min(kAmxRows, op.rows - row0);
-  const __mmask16 live = w.width - n >= kBlock ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (w.width - n)) - 1);
-  const __m512i offsets = _mm512_loadu_si512(w.column_offsets.data() + n), zero_points = _mm512_loadu_si512(w.zero_points.data() + n);
-  const __m512 scales = _mm512_loadu_ps(w.scales.data() + n), bias = _mm512_loadu_ps(w.bias.data() + n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = row0 + r;
-    __m512i row_sums = _mm512_add_epi32(_mm512_load_si512(sums + r * kBlock), offsets);
-    if (w.any_zero_point) row_sums = _mm512_sub_epi32(row_sums, _mm512_mullo_epi32(zero_points, _mm512_set1_epi32(op.row_sums[row])));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(row_sums), scales), _mm512_set1_ps(op.row_scales[row]));
-    if (w.has_bias) y = _mm512_add_ps(y, bias);
-    if (op.residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(live, op.residual + row * w.width + n));
-    if (op.relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
-    _mm512_mask_storeu_ps(op.out + row * w.width + n, live, y);
-  }
-}
 
 // Groups x 16 rows by Blocks x 16 columns (each at most 2): the sums in tmm0-3 (group g, block b: tmm 2g + b), the
 // groups' levels for 64 k in tmm4-5, the blocks' weights for those k in tmm6-7, each level tile used for every block
@@ -274,18 +265,18 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni"))
   }
   alignas(64) int32_t sums[kAmxRows * kBlock];
   _tile_stored(0, sums, kBlock * sizeof(int32_t));
-  store_tile(op, sums, row0, block0);
+  finish_block(op, sums, row0, std::min(kAmxRows, op.rows - row0), block0);
   if constexpr (Blocks > 1) {
     _tile_stored(1, sums, kBlock * sizeof(int32_t));
-    store_tile(op, sums, row0, block0 + 1);
+    finish_block(op, sums, row0, std::min(kAmxRows, op.rows - row0), block0 + 1);
   }
   if constexpr (Groups > 1) {
     _tile_stored(2, sums, kBlock * sizeof(int32_t));
-    store_tile(op, sums, row0 + kAmxRows, block0);
+    finish_block(op, sums, row0 + kAmxRows, std::min(kAmxRows, op.rows - row0 - kAmxRows), block0);
   }
   if constexpr (Groups > 1 && Blocks > 1) {
     _tile_stored(3, sums, kBlock * sizeof(int32_t));
-    store_tile(op, sums, row0 + kAmxRows, block0 + 1);
+    finish_block(op, sums, row0 + kAmxRows, std::min(kAmxRows, op.rows - row0 - kAmxRows), block0 + 1);
   }
 }
 
@@ -470,7 +461,10 @@ class QuantizedMatMulKernel {
   void quantize(const float* x, int64_t rows, int64_t padded_rows, std::vector<uint8_t>& levels, std::vector<float>& row_scales,
                 std::vector<int32_t>& row_sums) const {
     const int64_t inner = weights_.inner, padded = weights_.inner_padded;
-    levels.assign(static_cast<size_t>(padded_rows * padded), 0);
+    levels.resize(static_cast<size_t>(padded_rows * padded));  // quantize_row writes each row's first K bytes
+    if (padded > inner)
+      for (int64_t row = 0; row < rows; ++row) std::fill_n(levels.data() + row * padded + inner, padded - inner, uint8_t{0});
+    std::fill(levels.begin() + rows * padded, levels.end(), uint8_t{0});
     row_scales.resize(static_cast<size_t>(rows));
     row_sums.assign(static_cast<size_t>(rows), 0);
     for (int64_t row = 0; row < rows; ++row) {
