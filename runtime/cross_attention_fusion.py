@@ -11,8 +11,8 @@ runtime/native_fusions.py applies it to the copy in memory only. A block in any 
 
 from __future__ import annotations
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, replace_nodes
-from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
+from nmt_serve.runtime.graph_index import GraphIndex, fuse_blocks
+from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute
 
 FUSED_OP = "GroupedCrossAttention"
 CONTRIB_DOMAIN = ("com.microsoft",)
@@ -73,16 +73,4 @@ def _block(graph: GraphIndex, rows: NodeProto) -> tuple[list[str], list[NodeProt
 def fuse_cross_attention(model: ModelProto) -> int:
     """Replace every cross-attention block of `model` by one GroupedCrossAttention node, in place; how many were
     replaced."""
-    graph = model.graph
-    index = GraphIndex(graph)
-    replaced: dict[int, NodeProto] = {}  # id(a block's last node) -> its fused node
-    dropped: set[int] = set()
-    for node in graph.node:
-        found = _block(index, node)
-        if found is None:
-            continue
-        inputs, nodes, attributes = found
-        replaced[id(node)] = make_node(FUSED_OP, inputs, [node.output[0]], f"{node.name or node.output[0]}.fused",
-                                              domain=FUSED_DOMAIN, **attributes)  # fmt: skip
-        dropped.update(id(part) for part in nodes if part is not node)
-    return replace_nodes(model, replaced, dropped)
+    return fuse_blocks(model, FUSED_OP, _block)

@@ -3,10 +3,12 @@ tensor, and a graph's small constants."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from nmt_serve.runtime.graph_links import readers, writers
-from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, small_tensor
+from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, make_node, small_tensor
 
 STOCK_DOMAINS = ("", "ai.onnx")
 FUSED_DOMAIN = "nmt_serve"  # the native kernels library's domain for the operators only these fusions write
@@ -67,3 +69,25 @@ def replace_nodes(model: ModelProto, replaced: dict[int, NodeProto], dropped: se
     graph.node.extend(kept)
     declare_fused_domain(model)
     return len(replaced)
+
+
+# A fusion's matcher: for the last node of a block, the fused node's inputs, the block's nodes (that last one included
+# or not) and the fused node's attributes; None where the node ends no block of the fusion's form.
+BlockMatcher = Callable[["GraphIndex", NodeProto], "tuple[list[str], list[NodeProto], dict] | None"]
+
+
+def fuse_blocks(model: ModelProto, op_type: str, match: BlockMatcher) -> int:
+    """Replace every block `match` finds by one `op_type` node of the fused domain writing the block's last node's
+    outputs, in place (replace_nodes); how many were replaced."""
+    index = GraphIndex(model.graph)
+    replaced: dict[int, NodeProto] = {}  # id(a block's last node) -> its fused node
+    dropped: set[int] = set()
+    for node in model.graph.node:
+        found = match(index, node)
+        if found is None:
+            continue
+        inputs, nodes, attributes = found
+        replaced[id(node)] = make_node(op_type, inputs, list(node.output), f"{node.name or node.output[0]}.fused", domain=FUSED_DOMAIN,
+                                       **attributes)  # fmt: skip
+        dropped.update(id(part) for part in nodes if part is not node)
+    return replace_nodes(model, replaced, dropped)

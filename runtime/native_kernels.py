@@ -4,8 +4,8 @@ times its kernels ran, so the runtime can tell that ONNX Runtime really uses the
 The library registers CPU kernels for com.microsoft MultiHeadAttention (the decoder's cross-attention) and
 GroupQueryAttention over an int8 cache (its self-attention); ONNX Runtime searches a session's custom kernels before
 its own, so the graphs on disk keep stock operators and run unchanged wherever the library is absent. It also runs
-nmt_serve.RowQuantize, the node the runtime fuses each per-row activation quantization of an int8 graph into, in
-memory, when it loads the library (runtime/row_quantize_fusion.py). `nmt-build-kernels` builds it
+the nodes of its own domain the runtime fuses blocks of stock nodes into, in memory, when it loads the library
+(runtime/native_fusions.py). `nmt-build-kernels` builds it
 (runtime/build_kernels.py).
 """
 
@@ -24,7 +24,8 @@ DEFAULT_LIBRARY = KERNELS_DIR / LIBRARY_NAME
 SETTINGS = ("auto", "off")  # or a path to a built library
 COUNTERS = {"cross_attention": "nmt_cross_attention_calls", "self_attention": "nmt_self_attention_calls",
             "grouped_cross_attention": "nmt_grouped_cross_attention_calls", "row_quantization": "nmt_row_quantize_calls",
-            "quantized_matmul": "nmt_quantized_matmul_calls", "candidate_top_k": "nmt_candidate_top_k_calls"}
+            "quantized_matmul": "nmt_quantized_matmul_calls", "candidate_top_k": "nmt_candidate_top_k_calls",
+            "packed_self_attention": "nmt_packed_self_attention_calls"}
 
 
 class NativeKernelsError(ValueError):

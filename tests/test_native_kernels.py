@@ -191,10 +191,12 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     model_dir = tiny_model_dir if precision == "fp32" else int8_cache_dir
     runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library)))
     runtime.warm_up()
-    # The cross-attention blocks and the candidate search run fused (runtime/native_fusions.py), and in int8 each weight
-    # product with its row quantization (no RowQuantize node is left alone); an fp32 graph quantizes nothing.
+    # The cross-attention blocks, the candidate search and the encoder's self-attention blocks run fused
+    # (runtime/native_fusions.py), and in int8 each weight product with its row quantization (no RowQuantize node is
+    # left alone); an fp32 graph quantizes nothing.
     quantization = ["quantized_matmul"] if precision != "fp32" else []
-    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k"]
+    fused = ["candidate_top_k", "packed_self_attention"]
+    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, *fused]
     check = runtime.self_check()
     assert check is not None and check.max_log_prob_diff <= check.bound and check.batch_diff == 0.0
 
@@ -207,7 +209,7 @@ def test_resolve_native_kernels_names_what_is_wrong(native_kernels_library: Path
     kernels = resolve_native_kernels(str(native_kernels_library))
     assert kernels is not None
     assert set(kernels.calls()) == {"cross_attention", "self_attention", "grouped_cross_attention", "row_quantization", "quantized_matmul",
-                                    "candidate_top_k"}
+                                    "candidate_top_k", "packed_self_attention"}
     with pytest.raises(NativeKernelsError, match="absent.so is not a file; build it with `nmt-build-kernels"):
         resolve_native_kernels(str(tmp_path / "absent.so"))
     (tmp_path / "junk.so").write_bytes(b"not a library")

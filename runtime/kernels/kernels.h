@@ -52,5 +52,7 @@ const OrtCustomOp* quantized_matmul_op();  // a whole int8 weight product with i
 uint64_t quantized_matmul_calls();
 const OrtCustomOp* candidate_top_k_op();  // the candidate rows' Gather and TopK in one node (candidate_top_k.cc)
 uint64_t candidate_top_k_calls();
+const OrtCustomOp* packed_self_attention_op();  // the encoder's self-attention block on packed rows in one node (packed_self_attention.cc)
+uint64_t packed_self_attention_calls();
 
 }  // namespace nmt_kernels
