@@ -3,10 +3,9 @@
 Each fusion replaces a block of stock nodes by one node only the native kernels library runs, with the same results
 (runtime/row_quantize_fusion.py, quantized_matmul_fusion.py, cross_attention_fusion.py, candidate_top_k_fusion.py) or,
 for the encoder's self-attention (runtime/packed_attention_fusion.py), the same up to the dot products' summation
-order. The file on disk is not changed, so a model dir
-keeps stock operators and runs anywhere ONNX Runtime does; make_session (runtime/ort_step.py) falls back to the file
-as it is when ONNX Runtime will not load the fused copy. The graph is read and written through runtime/onnx_proto.py:
-serving installs no onnx package.
+order. The file on disk is not changed, so a model dir keeps stock operators and runs anywhere ONNX Runtime does;
+make_session (runtime/ort_step.py) falls back to the file as it is when ONNX Runtime will not load the fused copy. The
+graph is read and written through runtime/onnx_proto.py: serving installs no onnx package.
 """
 
 from __future__ import annotations
