@@ -20,6 +20,7 @@ class GraphIndex:
     def __init__(self, graph) -> None:  # a GraphProto of runtime/onnx_proto.py
         self.producer = writers(graph)
         self.readers = readers(graph)
+        self.initializers = {tensor.name: tensor for tensor in graph.initializer}
         self.constants: dict[str, np.ndarray] = {}
         for tensor in graph.initializer:
             value = small_tensor(tensor) if tensor.data_location != EXTERNAL and int(np.prod(tensor.dims)) <= 16 else None

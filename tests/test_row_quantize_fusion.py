@@ -161,9 +161,11 @@ def test_a_fused_graph_that_will_not_load_falls_back_to_the_file(native_kernels_
 
 def test_exported_int8_dir_gives_the_same_bits_fused(native_kernels_library: Path, int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny model's exported encoder, its quantizations and products fused, against its stock nodes with the same
-    library loaded: identical cross keys and values (the self-attention blocks, whose fused kernel rounds differently,
-    are left to the stock nodes here: tests/test_packed_attention_fusion.py compares them)."""
+    library loaded: identical cross keys and values (the self-attention blocks and the layer norms after the products,
+    whose fused kernels round differently, are left to the stock nodes here: tests/test_packed_attention_fusion.py and
+    tests/test_quantized_matmul_fusion.py compare them)."""
     monkeypatch.delitem(native_fusions.FUSIONS, "encoder self-attention blocks")
+    monkeypatch.delitem(native_fusions.FUSIONS, "layer norms after residual products")
     rng = np.random.default_rng(4)
     ids = rng.integers(4, 60, (3, 9)).astype(np.int64)
     mask = np.ones((3, 9), dtype=bool)
