@@ -20,6 +20,7 @@ from nmt_serve.runtime.onnx_proto import parse_model
 from nmt_serve.runtime.quantized_matmul_fusion import FUSED_OP, fuse_product_norms, fuse_quantized_matmuls
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
+from tests.level_boundaries import near_half_rows
 
 CPU = ["CPUExecutionProvider"]
 # The kernel's tiles by instruction set (NMT_KERNELS_ISA caps them) and the /proc/cpuinfo flag each needs.
@@ -124,12 +125,15 @@ def test_quantized_matmul_kernel_matches_the_definition(native_kernels_library: 
                                                         epilogue: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The node alone against its definition, bit for bit, on each instruction set's tiles the CPU has: widths with a
     ragged last block (24, 40, 200), inner sizes padded to the kernel's step (40, 100), weight zero points set, a row
-    of zeros, and row counts from 1 to 64 (AMX from 4 rows, its last group of 16 padded)."""
+    of zeros, a row of values a few units in the last place from half way between two levels, and row counts from 1 to
+    64 (AMX from 8 rows, its last group of 16 padded)."""
     on_tiles(path, monkeypatch)
     rng = np.random.default_rng(rows * 7 + inner)
     model, weight, scale, zero_point, bias = product_model(rows, inner, width, rng, epilogue, zero_points=rows % 2 == 1)
     x = (rng.standard_normal((rows, inner)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
     x[rows // 2] = 0.0
+    if rows > 2:
+        x[0] = near_half_rows(rng, 1, inner)[0]
     feeds = {"x": x}
     residual = None
     if epilogue == "residual":

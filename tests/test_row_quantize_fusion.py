@@ -20,6 +20,7 @@ from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.row_quantize_fusion import FUSED_OP, fuse_row_quantization
+from tests.level_boundaries import near_half_rows
 
 CPU = ["CPUExecutionProvider"]
 ROW_SCHEMES = ["u8s8-rows", "u8s8-rows-vnni", "u8u8-rows"]  # the schemes with per-row activation scales
@@ -54,6 +55,8 @@ def hard_rows(rng: np.random.Generator, batch: int, rows: int, width: int) -> np
     halves = rng.integers(-126, 126, (rows, width)).astype(np.float32) + 0.5
     halves[:, 0] = 127.0  # max |x| = 127: the scale is 1, so x / scale is x itself
     x[-1] = halves
+    if batch > 1:
+        x[0, 1:] = near_half_rows(rng, rows - 1, width)
     return x
 
 

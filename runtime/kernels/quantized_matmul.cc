@@ -322,7 +322,8 @@ const Tile kVnniTiles[kTileRowsVnni][kTileBlocks] = {
 
 // The LayerNormalization after a residual product (runtime/quantized_matmul_fusion.py: fuse_product_norms), on each
 // finished row in place: mean, then the mean square deviation from it (two passes over a row still in L1, 8-wide
-// partial sums), then (x - mean) / sqrt(deviation + epsilon) * scale + bias. A row's result depends on that row alone.
+// partial sums), then (x - mean) * (1 / sqrt(deviation + epsilon)) * scale + bias. A row's result depends on that row
+// alone.
 // ONNX Runtime's own kernel sums each row one element at a time (a quarter of its node's time at 128 rows went there,
 // and each node cost a dispatch); its bits differ from these in the last places.
 struct Normalization {
@@ -339,23 +340,27 @@ inline __m256i live_lanes(int64_t left) {
 
 void normalize_row(void* raw, size_t index) {
   const Normalization& norm = *static_cast<const Normalization*>(raw);
-  const int64_t width = norm.width;
+  const int64_t width = norm.width, whole = width / 8 * 8;
   float* row = norm.out + static_cast<int64_t>(index) * width;
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t h = 0; h < width; h += 8) sum = _mm256_add_ps(sum, _mm256_maskload_ps(row + h, live_lanes(width - h)));
+  const __m256i tail = live_lanes(width - whole);
+  __m256 sum = _mm256_maskload_ps(row + whole, tail);  // the tail's lanes past the row load as 0
+  for (int64_t h = 0; h < whole; h += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(row + h));
   const __m256 mean = _mm256_set1_ps(sum8(sum) / static_cast<float>(width));
-  __m256 squares = _mm256_setzero_ps();
-  for (int64_t h = 0; h < width; h += 8) {
-    const __m256i live = live_lanes(width - h);
-    const __m256 centered = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(row + h, live), mean), _mm256_castsi256_ps(live));
+  const __m256 tail_centered = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(row + whole, tail), mean), _mm256_castsi256_ps(tail));
+  __m256 squares = _mm256_mul_ps(tail_centered, tail_centered);
+  for (int64_t h = 0; h < whole; h += 8) {
+    const __m256 centered = _mm256_sub_ps(_mm256_loadu_ps(row + h), mean);
     squares = _mm256_fmadd_ps(centered, centered, squares);
   }
-  const __m256 deviation = _mm256_set1_ps(std::sqrt(sum8(squares) / static_cast<float>(width) + norm.epsilon));
-  for (int64_t h = 0; h < width; h += 8) {
-    const __m256i live = live_lanes(width - h);
-    const __m256 normalized = _mm256_div_ps(_mm256_sub_ps(_mm256_maskload_ps(row + h, live), mean), deviation);
-    const __m256 scaled = _mm256_fmadd_ps(normalized, _mm256_maskload_ps(norm.scale + h, live), _mm256_maskload_ps(norm.bias + h, live));
-    _mm256_maskstore_ps(row + h, live, scaled);
+  const __m256 inverse = _mm256_set1_ps(1.0f / std::sqrt(sum8(squares) / static_cast<float>(width) + norm.epsilon));
+  for (int64_t h = 0; h < whole; h += 8) {
+    const __m256 normalized = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + h), mean), inverse);
+    _mm256_storeu_ps(row + h, _mm256_fmadd_ps(normalized, _mm256_loadu_ps(norm.scale + h), _mm256_loadu_ps(norm.bias + h)));
+  }
+  if (whole < width) {
+    const __m256 normalized = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(row + whole, tail), mean), inverse);
+    const __m256 scale = _mm256_maskload_ps(norm.scale + whole, tail), bias = _mm256_maskload_ps(norm.bias + whole, tail);
+    _mm256_maskstore_ps(row + whole, tail, _mm256_fmadd_ps(normalized, scale, bias));
   }
 }
 

@@ -12,13 +12,17 @@
 
 namespace nmt_kernels {
 
+// Four running maxima, not one: one waited on the last (4 cycles per 8 values), which made this pass half the cost of
+// quantizing a row. The largest value is the same in any order.
 inline float max_abs(const float* x, int64_t n) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 top = _mm256_setzero_ps();
+  __m256 top[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
+  for (; i + 32 <= n; i += 32)
+    for (int part = 0; part < 4; ++part) top[part] = _mm256_max_ps(top[part], _mm256_and_ps(_mm256_loadu_ps(x + i + 8 * part), magnitude));
+  for (; i + 8 <= n; i += 8) top[0] = _mm256_max_ps(top[0], _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, top);
+  _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(top[0], top[1]), _mm256_max_ps(top[2], top[3])));
   float result = 0.0f;
   for (float lane : lanes) result = std::max(result, lane);
   for (; i < n; ++i) result = std::max(result, std::fabs(x[i]));
