@@ -6,7 +6,9 @@ of the quantization) -> usually Add(constant bias), then a Relu or the residual 
 block becomes one `nmt_serve.QuantizedMatMul` node (runtime/kernels/quantized_matmul.cc) that writes the same bits:
 the same levels, exact integer sums, and each rounding of the float epilogue in the graph's order.
 runtime/native_fusions.py applies it to the copy in memory only. A block in any other form is left as it is; so are
-the nodes after a product that other nodes also read.
+the nodes after a product that other nodes also read. A second pass (fuse_product_norms) takes the post-norm
+LayerNormalization after a residual product into that product's node; the kernel's normalization rounds differently
+from ONNX Runtime's in the last places.
 """
 
 from __future__ import annotations
