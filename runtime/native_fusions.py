@@ -17,16 +17,15 @@ from nmt_serve.runtime.candidate_top_k_fusion import fuse_candidate_top_k
 from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
 from nmt_serve.runtime.onnx_proto import ModelProto, parse_model
 from nmt_serve.runtime.packed_attention_fusion import fuse_packed_attention
-from nmt_serve.runtime.quantized_matmul_fusion import fuse_product_norms, fuse_quantized_matmuls
+from nmt_serve.runtime.quantized_matmul_fusion import fuse_quantized_matmuls
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 
 logger = logging.getLogger(__name__)
 
 CONTRIB_DOMAIN = "com.microsoft"
 
-# In order: the weight products' fusion takes the RowQuantize nodes the first one writes, the layer norms' the products.
+# In order: the weight products' fusion takes the RowQuantize nodes the first one writes.
 FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "int8 weight products": fuse_quantized_matmuls,
-           "layer norms after residual products": fuse_product_norms,
            "cross-attention blocks": fuse_cross_attention, "candidate searches": fuse_candidate_top_k,
            "encoder self-attention blocks": fuse_packed_attention}
 

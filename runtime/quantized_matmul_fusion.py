@@ -6,23 +6,19 @@ of the quantization) -> usually Add(constant bias), then a Relu or the residual 
 block becomes one `nmt_serve.QuantizedMatMul` node (runtime/kernels/quantized_matmul.cc) that writes the same bits:
 the same levels, exact integer sums, and each rounding of the float epilogue in the graph's order.
 runtime/native_fusions.py applies it to the copy in memory only. A block in any other form is left as it is; so are
-the nodes after a product that other nodes also read. A second pass (fuse_product_norms) takes the post-norm
-LayerNormalization after a residual product into that product's node; the kernel's normalization rounds differently
-from ONNX Runtime's in the last places.
+the nodes after a product that other nodes also read.
 """
 
 from __future__ import annotations
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, STOCK_DOMAINS, GraphIndex, fuse_blocks, replace_nodes
+from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, replace_nodes
 from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
 from nmt_serve.runtime.row_quantize_fusion import FUSED_OP as ROW_QUANTIZE
 
 FUSED_OP = "QuantizedMatMul"
 PRODUCT = "MatMulIntegerToFloat"
 CONTRIB_DOMAIN = "com.microsoft"
-FLOAT = 1  # TensorProto.FLOAT: a normalization's scale and bias
 INT8 = 3  # TensorProto.INT8: the kernel's weights (u8u8 schemes' uint8 weights stay on ONNX Runtime's product)
-RESIDUAL_INPUTS = 6  # a fused product's inputs when it adds the residual: x, weight, weight scale and zero point, bias, residual
 PRODUCT_INPUTS = 6  # levels, weight, row scales, weight scale, zero point, weight zero point; a seventh (bias) is another form
 
 
@@ -100,29 +96,3 @@ def fuse_quantized_matmuls(model: ModelProto) -> int:
             inverse_levels=float(attribute(quantize, "inverse_levels")), zero_point=int(attribute(quantize, "zero_point")), relu=relu)
         dropped.update(id(node) for node in chain[:-1])
     return replace_nodes(model, replaced, dropped)
-
-
-def _product_norm(graph: GraphIndex, norm: NodeProto) -> tuple[list[str], list[NodeProto], dict] | None:
-    """A LayerNormalization that alone reads a fused residual product's output (over the last axis, in float, with
-    constant scale and bias of the product's N values, one output): the product's inputs with the scale and bias, the
-    two nodes, and the product's attributes with the epsilon."""
-    if norm.op_type != "LayerNormalization" or norm.domain not in STOCK_DOMAINS or len(norm.input) != 3 or len(norm.output) != 1:
-        return None
-    if attribute(norm, "axis", -1) != -1 or attribute(norm, "stash_type", 1) != 1:
-        return None
-    product = graph.made_by(norm.input[0], FUSED_OP, (FUSED_DOMAIN,))
-    if product is None or len(product.input) != RESIDUAL_INPUTS or not graph.only_reader(norm.input[0], norm):
-        return None
-    width = int(graph.initializers[product.input[1]].dims[1])
-    constants = [graph.initializers.get(name) for name in norm.input[1:]]
-    if not all(tensor is not None and list(tensor.dims) == [width] and tensor.data_type == FLOAT for tensor in constants):
-        return None
-    attributes = {name: attribute(product, name) for name in ("inverse_levels", "zero_point", "relu")}
-    return [*product.input, *norm.input[1:]], [product, norm], {**attributes, "epsilon": float(attribute(norm, "epsilon", 1e-5))}
-
-
-def fuse_product_norms(model: ModelProto) -> int:
-    """Take each post-norm layer's LayerNormalization into the fused residual product before it
-    (runtime/kernels/quantized_matmul.cc normalizes the finished rows), in place; how many. Run after
-    fuse_quantized_matmuls."""
-    return fuse_blocks(model, FUSED_OP, _product_norm)

@@ -191,12 +191,12 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     model_dir = tiny_model_dir if precision == "fp32" else int8_cache_dir
     runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library)))
     runtime.warm_up()
-    # The cross-attention blocks, the candidate search and the encoder's self-attention blocks run fused
-    # (runtime/native_fusions.py), and in int8 each weight product with its row quantization (no RowQuantize node is
-    # left alone); an fp32 graph quantizes nothing.
+    # The cross-attention blocks and the candidate search run fused (runtime/native_fusions.py); in int8 each weight
+    # product with its row quantization (no RowQuantize node is left alone), in fp32 the encoder's self-attention
+    # blocks (an fp32 graph quantizes nothing; an int8 one keeps those blocks).
     quantization = ["quantized_matmul"] if precision != "fp32" else []
-    fused = ["candidate_top_k", "packed_self_attention"]
-    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, *fused]
+    encoder = ["packed_self_attention"] if precision == "fp32" else []
+    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k", *encoder]
     check = runtime.self_check()
     assert check is not None and check.max_log_prob_diff <= check.bound and check.batch_diff == 0.0
 

@@ -19,17 +19,26 @@ from nmt_serve.runtime.packed_attention_fusion import FUSED_OP, fuse_packed_atte
 from tests.decoder_calls import model_dir_for, with_and_without
 
 CPU = ["CPUExecutionProvider"]
-FIXTURES = {"fp32": "tiny_model_dir", "int8": "int8_dir"}
 
 
-@pytest.mark.parametrize("model", ["fp32", "int8", "imported Marian int8", "imported NLLB int8"])
-def test_every_encoder_self_attention_block_becomes_one_node(model: str, request: pytest.FixtureRequest) -> None:
-    model_dir = model_dir_for(model, request, FIXTURES)
-    graph = parse_model((model_dir / "encoder.onnx").read_bytes())
-    layers = sum(node.op_type == "Softmax" for node in graph.graph.node)
-    assert layers > 0 and fuse_packed_attention(graph) == layers
-    kinds = [node.op_type for node in graph.graph.node]
+@pytest.mark.parametrize("graph", ["tiny_model_dir", "imported Marian fp32", "imported NLLB fp32"])
+def test_every_encoder_self_attention_block_of_a_float_graph_becomes_one_node(graph: str, request: pytest.FixtureRequest) -> None:
+    """The tiny model's fp32 encoder and the imported Marian (post-norm) and NLLB (pre-norm) fp32 encoders."""
+    model_dir = request.getfixturevalue(graph) if graph == "tiny_model_dir" else \
+        request.getfixturevalue("imported_marian" if "Marian" in graph else "imported_nllb") / "onnx-fp32"
+    model = parse_model((model_dir / "encoder.onnx").read_bytes())
+    layers = sum(node.op_type == "Softmax" for node in model.graph.node)
+    assert layers > 0 and fuse_packed_attention(model) == layers
+    kinds = [node.op_type for node in model.graph.node]
     assert kinds.count(FUSED_OP) == layers and "Softmax" not in kinds
+    assert fuse_packed_attention(model) == 0
+
+
+@pytest.mark.parametrize("model", ["int8", "imported Marian int8", "imported NLLB int8"])
+def test_an_int8_encoder_keeps_its_self_attention_blocks(model: str, request: pytest.FixtureRequest) -> None:
+    """In an int8 graph the kernel's other summation order would move quantization levels: its blocks stay."""
+    graph = parse_model((model_dir_for(model, request, {"int8": "int8_dir"}) / "encoder.onnx").read_bytes())
+    assert sum(node.op_type == "Softmax" for node in graph.graph.node) > 0
     assert fuse_packed_attention(graph) == 0
 
 
@@ -122,15 +131,11 @@ def test_a_head_size_the_kernel_has_no_sums_for_is_refused(native_kernels_librar
         attention_session(native_kernels_library, 2, 12, 2.0)
 
 
-@pytest.mark.parametrize("model", ["fp32", "int8"])
-def test_fused_encoders_agree_with_the_stock_blocks(model: str, native_kernels_library: Path, request: pytest.FixtureRequest,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The encoder with the blocks fused against the same encoder without them (every other fusion in both), and the
-    fused kernel ran: fp32 within float rounding; int8 within 0.1, as the attention's different rounding can carry a
-    value across a quantization level's boundary, which moves that row's next product by a level and the layers after
-    carry it on (the default model's encoder: at most 0.037 on outputs up to 4.6)."""
-    fused, stock = with_and_without(request.getfixturevalue(FIXTURES[model]), native_kernels_library, "encoder self-attention blocks",
-                                    monkeypatch)  # fmt: skip
+def test_a_fused_fp32_encoder_agrees_with_the_stock_blocks(native_kernels_library: Path, tiny_model_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The fp32 encoder with the blocks fused against the same encoder without them, within float rounding, and the
+    fused kernel ran."""
+    fused, stock = with_and_without(tiny_model_dir, native_kernels_library, "encoder self-attention blocks", monkeypatch)
     kernels = NativeKernels(native_kernels_library)
     before = kernels.calls()["packed_self_attention"]
     rng = np.random.default_rng(2)
@@ -142,5 +147,4 @@ def test_fused_encoders_agree_with_the_stock_blocks(model: str, native_kernels_l
     assert kernels.calls()["packed_self_attention"] > before
     for got_part, expected_part in zip(got, expected, strict=True):
         real = np.broadcast_to(mask[:, None, :, None], got_part.shape)
-        tolerance = 1e-5 if model == "fp32" else 0.1
-        np.testing.assert_allclose(got_part[real], expected_part[real], rtol=tolerance, atol=tolerance)
+        np.testing.assert_allclose(got_part[real], expected_part[real], rtol=1e-5, atol=1e-5)

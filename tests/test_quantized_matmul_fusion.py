@@ -12,12 +12,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from nmt_serve.runtime import native_fusions
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
 from nmt_serve.runtime.host import cpu_facts
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
-from nmt_serve.runtime.quantized_matmul_fusion import FUSED_OP, fuse_product_norms, fuse_quantized_matmuls
+from nmt_serve.runtime.quantized_matmul_fusion import FUSED_OP, fuse_quantized_matmuls
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
 from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
 from tests.level_boundaries import near_half_rows
@@ -160,11 +159,9 @@ def test_eight_bit_weights_on_avx2_tiles_are_refused(native_kernels_library: Pat
 def test_fused_graphs_give_the_stock_products_bits(model: str, native_kernels_library: Path, request: pytest.FixtureRequest,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Encoder and decoder with their weight products fused against the same graphs with ONNX Runtime's products (the
-    other fusions in both, but for the layer norms the products take in, which round differently: tested below):
-    identical log-probs in every decoder call and identical cross keys and values (3 sources of 24 positions: 72
-    encoder rows, past 16), and the fused nodes are what ran."""
+    other fusions in both): identical log-probs in every decoder call and identical cross keys and values (3 sources
+    of 24 positions: 72 encoder rows, past 16), and the fused nodes are what ran."""
     model_dir = model_dir_for(model, request, {"int8": "int8_dir", "int8 with an int8 cache": "int8_cache_dir"})
-    monkeypatch.delitem(native_fusions.FUSIONS, "layer norms after residual products")
     fused, stock = with_and_without(model_dir, native_kernels_library, "int8 weight products", monkeypatch)
     counters = NativeKernels(native_kernels_library)
     before = counters.calls()["quantized_matmul"]
@@ -182,50 +179,3 @@ def test_fused_graphs_give_the_stock_products_bits(model: str, native_kernels_li
     assert middle - before == decoder_products * len(CALLS) + encoder_products
     for fused_call, stock_call in zip(fused_results, stock_results, strict=True):
         np.testing.assert_array_equal(fused_call, stock_call)
-
-
-def residual_norms(model) -> int:  # a ModelProto of runtime/onnx_proto.py
-    """LayerNormalizations that alone read a fused residual product's sum."""
-    writers = {node.output[0]: node for node in model.graph.node}
-    readers = [name for node in model.graph.node for name in node.input]
-    return sum(node.op_type == "LayerNormalization" and node.input[0] in writers and writers[node.input[0]].op_type == FUSED_OP
-               and len(writers[node.input[0]].input) == 6 and readers.count(node.input[0]) == 1 for node in model.graph.node)  # fmt: skip
-
-
-@pytest.mark.parametrize("model", ["int8", "imported NLLB int8"])
-@pytest.mark.parametrize("graph", ["encoder.onnx", "decoder.onnx"])
-def test_the_layer_norm_after_a_residual_product_joins_it(model: str, graph: str, request: pytest.FixtureRequest) -> None:
-    """Post-norm layers (the tiny model): every LayerNormalization that alone reads a residual product's sum goes into
-    that product's node; in pre-norm layers (NLLB) each sum goes on to the next residual Add too, and only the final
-    norm after the last layer joins its product."""
-    fused = fused_graph(model_dir_for(model, request, {"int8": "int8_dir"}) / graph)
-    fuse_quantized_matmuls(fused)
-    norms = residual_norms(fused)
-    assert norms > 1 if model == "int8" else norms == 1
-    assert fuse_product_norms(fused) == norms and residual_norms(fused) == 0
-    assert fuse_product_norms(fused) == 0
-
-
-def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float) -> np.ndarray:
-    wide = x.astype(np.float64)
-    mean = wide.mean(axis=-1, keepdims=True)
-    return (wide - mean) / np.sqrt(((wide - mean) ** 2).mean(axis=-1, keepdims=True) + epsilon) * scale + bias
-
-
-@pytest.mark.parametrize("rows,inner,width", [(1, 256, 256), (37, 100, 200), (64, 40, 24), (9, 64, 36)])
-def test_quantized_matmul_kernel_normalizes_its_rows(native_kernels_library: Path, rows: int, inner: int, width: int) -> None:
-    """The residual product followed by the layer norm on each finished row: the product's exact bits through the
-    normalization in float64, within float rounding (widths with a tail of fewer than 8; a row of zeros)."""
-    rng = np.random.default_rng(rows + width)
-    model, weight, scale, zero_point, bias = product_model(rows, inner, width, rng, "residual", zero_points=False)
-    norm_scale, norm_bias = rng.uniform(0.5, 1.5, width).astype(np.float32), rng.uniform(-1, 1, width).astype(np.float32)
-    model.graph.initializer.extend([numpy_helper.from_array(norm_scale, "norm_scale"), numpy_helper.from_array(norm_bias, "norm_bias")])
-    node = model.graph.node[0]
-    node.input.extend(["norm_scale", "norm_bias"])
-    node.attribute.append(helper.make_attribute("epsilon", 1e-5))
-    x = (rng.standard_normal((rows, inner)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
-    x[rows // 2] = 0.0
-    residual = rng.standard_normal((rows, width)).astype(np.float32)
-    got = kernel_session(model, native_kernels_library).run(None, {"x": x, "residual": residual})[0]
-    summed = expected_output(x, weight, scale, zero_point, bias, residual, "residual")
-    np.testing.assert_allclose(got, layer_norm(summed, norm_scale, norm_bias, 1e-5), rtol=1e-5, atol=1e-5)

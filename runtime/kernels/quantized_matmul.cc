@@ -14,10 +14,6 @@
 // (float(sum) * weight scale) * row scale, as MatMulIntegerToFloat rounds it with a per-row activation scale, then
 // + bias, + residual and max(0, .) in the graph's order, one rounding each.
 //
-// A post-norm layer's LayerNormalization after a residual product can join the node too (two more inputs, its scale and
-// bias, and its epsilon): the finished rows are normalized in place (normalize_row), in fewer roundings' order than
-// ONNX Runtime's kernel, so only this part's bits differ from the stock nodes'.
-//
 // Weights are packed once, when the session makes the kernel: blocks of 16 columns, each block's k in fours, so that
 // one 64-byte load feeds 16 four-term dot products (vpdpbusd), two 8-column halves (vpmaddubsw on AVX2) or, 16 such
 // loads, one AMX tile.
@@ -29,7 +25,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +33,6 @@
 
 #include "kernels.h"
 #include "row_quantization.h"
-#include "vector_math.h"
 
 namespace nmt_kernels {
 namespace {
@@ -63,9 +57,7 @@ constexpr int kTileRowsVnni = 4;       // 4 rows x 4 blocks = 16 accumulators of
 constexpr int kTileRowsAvx2 = 2;       // 2 rows x 2 blocks x 2 halves = 8 accumulators of the 16 ymm registers
 constexpr int kTileBlocksAvx2 = 2;
 
-enum Input : size_t {
-  kX = 0, kWeight = 1, kWeightScale = 2, kWeightZeroPoint = 3, kBias = 4, kResidual = 5, kNormScale = 6, kNormBias = 7, kInputs = 8
-};
+enum Input : size_t { kX = 0, kWeight = 1, kWeightScale = 2, kWeightZeroPoint = 3, kBias = 4, kResidual = 5, kInputs = 6 };
 
 // The constant inputs, packed: per padded column its scale, bias (0 without one) and the sum's correction for the
 // zero points, which is all of it except -zero_point[n] * (the row's sum of levels) when a weight zero point is set.
@@ -320,50 +312,6 @@ const Tile kVnniTiles[kTileRowsVnni][kTileBlocks] = {
     {tile_vnni<3, 1>, tile_vnni<3, 2>, tile_vnni<3, 3>, tile_vnni<3, 4>},
     {tile_vnni<4, 1>, tile_vnni<4, 2>, tile_vnni<4, 3>, tile_vnni<4, 4>}};
 
-// The LayerNormalization after a residual product (runtime/quantized_matmul_fusion.py: fuse_product_norms), on each
-// finished row in place: mean, then the mean square deviation from it (two passes over a row still in L1, 8-wide
-// partial sums), then (x - mean) * (1 / sqrt(deviation + epsilon)) * scale + bias. A row's result depends on that row
-// alone.
-// ONNX Runtime's own kernel sums each row one element at a time (a quarter of its node's time at 128 rows went there,
-// and each node cost a dispatch); its bits differ from these in the last places.
-struct Normalization {
-  float* out;
-  int64_t rows, width;
-  const float* scale;
-  const float* bias;
-  float epsilon;
-};
-
-inline __m256i live_lanes(int64_t left) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-void normalize_row(void* raw, size_t index) {
-  const Normalization& norm = *static_cast<const Normalization*>(raw);
-  const int64_t width = norm.width, whole = width / 8 * 8;
-  float* row = norm.out + static_cast<int64_t>(index) * width;
-  const __m256i tail = live_lanes(width - whole);
-  __m256 sum = _mm256_maskload_ps(row + whole, tail);  // the tail's lanes past the row load as 0
-  for (int64_t h = 0; h < whole; h += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(row + h));
-  const __m256 mean = _mm256_set1_ps(sum8(sum) / static_cast<float>(width));
-  const __m256 tail_centered = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(row + whole, tail), mean), _mm256_castsi256_ps(tail));
-  __m256 squares = _mm256_mul_ps(tail_centered, tail_centered);
-  for (int64_t h = 0; h < whole; h += 8) {
-    const __m256 centered = _mm256_sub_ps(_mm256_loadu_ps(row + h), mean);
-    squares = _mm256_fmadd_ps(centered, centered, squares);
-  }
-  const __m256 inverse = _mm256_set1_ps(1.0f / std::sqrt(sum8(squares) / static_cast<float>(width) + norm.epsilon));
-  for (int64_t h = 0; h < whole; h += 8) {
-    const __m256 normalized = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + h), mean), inverse);
-    _mm256_storeu_ps(row + h, _mm256_fmadd_ps(normalized, _mm256_loadu_ps(norm.scale + h), _mm256_loadu_ps(norm.bias + h)));
-  }
-  if (whole < width) {
-    const __m256 normalized = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(row + whole, tail), mean), inverse);
-    const __m256 scale = _mm256_maskload_ps(norm.scale + whole, tail), bias = _mm256_maskload_ps(norm.bias + whole, tail);
-    _mm256_maskstore_ps(row + whole, tail, _mm256_fmadd_ps(normalized, scale, bias));
-  }
-}
-
 struct ColumnTask {
   Operands operands;
   bool vnni, amx;
@@ -471,14 +419,6 @@ class QuantizedMatMulKernel {
     zero_point_ = static_cast<int>(zero_point);
     has_residual_ = has_input(kernel_info, kResidual);
     weights_ = pack(kernel_info, zero_point_);
-    if (has_input(kernel_info, kNormScale)) {
-      norm_scale_ = constant_values<float>(kernel_info, kNormScale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "the normalization's scale");
-      if (has_input(kernel_info, kNormBias))
-        norm_bias_ = constant_values<float>(kernel_info, kNormBias, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "the normalization's bias");
-      if (static_cast<int64_t>(norm_scale_.size()) != weights_.width || norm_bias_.size() != norm_scale_.size())
-        refuse("the normalization needs a scale and a bias of N values");
-      epsilon_ = kernel_info.GetAttribute<float>("epsilon");
-    }
     // NMT_KERNELS_ISA=avx2 or avx512-vnni caps the tiles below what the CPU has, so that the tests run every path
     // the CPU can (tests/test_quantized_matmul_fusion.py); unset, the CPU's best runs.
     const char* cap = std::getenv("NMT_KERNELS_ISA");
@@ -512,10 +452,6 @@ class QuantizedMatMulKernel {
     ColumnTask task{operands, vnni_, amx_};
     const int tile_blocks = vnni_ ? kTileBlocks : kTileBlocksAvx2;
     if (rows > 0) context.ParallelFor(run_column_tile, static_cast<size_t>((weights_.blocks + tile_blocks - 1) / tile_blocks), 0, &task);
-    if (rows > 0 && !norm_scale_.empty()) {
-      Normalization norm{operands.out, rows, weights_.width, norm_scale_.data(), norm_bias_.data(), epsilon_};
-      context.ParallelFor(normalize_row, static_cast<size_t>(rows), 0, &norm);
-    }
     g_calls.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -542,8 +478,7 @@ class QuantizedMatMulKernel {
   }
 
   PackedWeights weights_;
-  std::vector<float> norm_scale_, norm_bias_;  // empty: no normalization after the product
-  float inverse_levels_ = 0.0f, epsilon_ = 0.0f;
+  float inverse_levels_ = 0.0f;
   int zero_point_ = 0;
   bool relu_ = false, has_residual_ = false, vnni_ = false, amx_ = false;
 };
@@ -552,8 +487,7 @@ struct QuantizedMatMulOp : Ort::CustomOpBase<QuantizedMatMulOp, QuantizedMatMulK
   void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new QuantizedMatMulKernel(info); }
   const char* GetName() const { return "QuantizedMatMul"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  // x, weight, weight scale, weight zero point, bias, residual, normalization scale and bias
-  size_t GetInputTypeCount() const { return kInputs; }
+  size_t GetInputTypeCount() const { return kInputs; }  // x, weight, weight scale, weight zero point, bias, residual
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == kWeight || index == kWeightZeroPoint ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
