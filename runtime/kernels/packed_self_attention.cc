@@ -2,8 +2,9 @@
 // value projection of the real tokens (1, T, 3D) gathered into the (N, S) layout (Gather, Reshape, Split, three
 // Reshapes and Transposes), scores (MatMul, Div by sqrt(Dh), Add of the mask's bias), Softmax, the weighted values
 // (MatMul), back to rows (Transpose, Reshape) and the real positions' rows gathered again (Gather). The runtime
-// replaces the thirteen nodes with this one when the library is loaded (runtime/packed_attention_fusion.py), in memory
-// only: the graph on disk is unchanged.
+// replaces the thirteen nodes with this one in a float encoder when the library is loaded
+// (runtime/packed_attention_fusion.py, which says why not in an int8 one), in memory only: the graph on disk is
+// unchanged.
 //
 // Why: the gathers, splits and transposes move every projection twice, and the attention products on (N, H, S, Dh)
 // blocks of a few rows cost more in dispatch than in arithmetic: the glue and the attention were a third of the int8
