@@ -10,15 +10,16 @@ other form is left as it is.
 
 from __future__ import annotations
 
-from nmt_serve.runtime.graph_index import FUSED_DOMAIN, GraphIndex, replace_nodes
-from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute, make_node
+from nmt_serve.runtime.graph_index import GraphIndex, fuse_blocks
+from nmt_serve.runtime.onnx_proto import ModelProto, NodeProto, attribute
 
 FUSED_OP = "CandidateTopK"
 LAST_AXES = (-1, 1)  # of the (rows, vocabulary) log-probs
 
 
-def _pair(graph: GraphIndex, top_k: NodeProto) -> NodeProto | None:
-    """The Gather feeding `top_k` alone, when the two are the exporter's candidate search; else None."""
+def _pair(graph: GraphIndex, top_k: NodeProto) -> tuple[list[str], list[NodeProto], dict] | None:
+    """The fused node's inputs (log-probs, candidate rows, k) and the pair's nodes, when `top_k` and the Gather feeding
+    it alone are the exporter's candidate search; else None."""
     if top_k.op_type != "TopK" or len(top_k.input) != 2 or len(top_k.output) != 2:
         return None
     if attribute(top_k, "largest", 1) != 1 or attribute(top_k, "sorted", 1) != 1 or attribute(top_k, "axis", -1) not in LAST_AXES:
@@ -26,19 +27,9 @@ def _pair(graph: GraphIndex, top_k: NodeProto) -> NodeProto | None:
     gather = graph.made_by(top_k.input[0], "Gather")
     if gather is None or attribute(gather, "axis", 0) != 0 or not graph.only_reader(gather.output[0], top_k):
         return None
-    return gather
+    return [gather.input[0], gather.input[1], top_k.input[1]], [gather, top_k], {}
 
 
 def fuse_candidate_top_k(model: ModelProto) -> int:
     """Replace every candidate-search Gather -> TopK pair of `model` by one CandidateTopK node, in place; how many."""
-    index = GraphIndex(model.graph)
-    replaced: dict[int, NodeProto] = {}
-    dropped: set[int] = set()
-    for node in model.graph.node:
-        gather = _pair(index, node)
-        if gather is None:
-            continue
-        replaced[id(node)] = make_node(FUSED_OP, [gather.input[0], gather.input[1], node.input[1]], list(node.output),
-                                       f"{node.name or node.output[0]}.fused", domain=FUSED_DOMAIN)  # fmt: skip
-        dropped.add(id(gather))
-    return replace_nodes(model, replaced, dropped)
+    return fuse_blocks(model, FUSED_OP, _pair)

@@ -24,8 +24,8 @@ CPU = ["CPUExecutionProvider"]
 @pytest.mark.parametrize("graph", ["tiny_model_dir", "imported Marian fp32", "imported NLLB fp32"])
 def test_every_encoder_self_attention_block_of_a_float_graph_becomes_one_node(graph: str, request: pytest.FixtureRequest) -> None:
     """The tiny model's fp32 encoder and the imported Marian (post-norm) and NLLB (pre-norm) fp32 encoders."""
-    model_dir = request.getfixturevalue(graph) if graph == "tiny_model_dir" else \
-        request.getfixturevalue("imported_marian" if "Marian" in graph else "imported_nllb") / "onnx-fp32"
+    imported = {"imported Marian fp32": "imported_marian", "imported NLLB fp32": "imported_nllb"}
+    model_dir = request.getfixturevalue(imported[graph]) / "onnx-fp32" if graph in imported else request.getfixturevalue(graph)
     model = parse_model((model_dir / "encoder.onnx").read_bytes())
     layers = sum(node.op_type == "Softmax" for node in model.graph.node)
     assert layers > 0 and fuse_packed_attention(model) == layers
