@@ -255,7 +255,38 @@ class Searcher:
 
 
 class GreedySearch(Searcher):
-    """One row; the best token each step."""
+    """One row; the best token each step.
+
+    Its row's score and next token live in Python lists of at most one item (`score`, `next_token`): the engine
+    advances every greedy request at every step, and a numpy scalar or one-item array costs several microseconds
+    right after a decoder call. `row_scores` and `next_tokens` are built from them when read.
+    """
+
+    @property
+    def row_scores(self) -> np.ndarray:
+        return np.array(self._scores, dtype=np.float64)
+
+    @row_scores.setter
+    def row_scores(self, scores: np.ndarray) -> None:
+        self._scores = [float(score) for score in scores]
+
+    @property
+    def next_tokens(self) -> np.ndarray:
+        return np.array(self._next_tokens, dtype=np.int64)
+
+    @next_tokens.setter
+    def next_tokens(self, tokens: np.ndarray) -> None:
+        self._next_tokens = [int(token) for token in tokens]
+
+    @property
+    def score(self) -> float:
+        """The live row's raw score (the sum of its log-probs)."""
+        return self._scores[0]
+
+    @property
+    def next_token(self) -> int:
+        """The token the live row is fed next."""
+        return self._next_tokens[0]
 
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
         totals = self._processed(log_probs)[0]
@@ -278,10 +309,9 @@ class GreedySearch(Searcher):
             if len(tokens) >= self.max_length:
                 self.finished.append((tokens, score, FinishReason.LENGTH))
             else:
-                self.rows[0], self.row_scores[0] = tokens, score
-                self.next_tokens = np.array([token], dtype=np.int64)
+                self.rows[0], self._scores[0], self._next_tokens[0] = tokens, score, token
                 return FIRST_ROW
-        self.rows, self.row_scores, self.next_tokens, self.done = [], np.zeros(0), np.zeros(0, dtype=np.int64), True
+        self.rows, self._scores, self._next_tokens, self.done = [], [], [], True
         return None
 
 
@@ -316,7 +346,28 @@ def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> 
     for searcher, token, log_prob in zip(searchers, tokens.tolist(), picked.tolist(), strict=True):
         if searcher.done or not searcher.batchable or searcher.eos_id != eos_id:
             raise ValueError("advance_greedy needs live, batchable greedy searchers sharing one eos_id")
-        results.append(searcher.extend_one(token, searcher.row_scores[0] + log_prob))
+        results.append(searcher.extend_one(token, searcher.score + log_prob))
+    return results
+
+
+# Candidates per row a greedy request reads from the decoder's TopK: the best, and the next for when EOS is banned.
+GREEDY_CANDIDATES = 2
+
+
+def advance_greedy_candidates(searchers: Sequence[GreedySearch], log_probs: list[list[float]],
+                              token_ids: list[list[int]]) -> list[np.ndarray | None]:
+    """advance_greedy from each row's best log-probs only: row i's GREEDY_CANDIDATES (or more) best values and their
+    token ids, best first, equal values lower id first (the decoder graph's TopK, `candidates_needed`). The same
+    results: the first is argmax's choice, and while EOS is banned (min_output_tokens) an EOS first gives way to the
+    second, the best of the rest with ties to the lower id as argmax breaks them. Plain lists, one row each: numpy
+    calls cost several microseconds each right after a decoder call. The caller passes live, batchable searchers (the
+    engine checks `batchable` as it picks them)."""
+    results = []
+    for searcher, values, tokens in zip(searchers, log_probs, token_ids, strict=True):
+        token, value = tokens[0], values[0]
+        if token == searcher.eos_id and len(searcher.rows[0]) < searcher.options.min_output_tokens:
+            token, value = tokens[1], values[1]
+        results.append(searcher.extend_one(token, searcher.score + value))
     return results
 
 

@@ -122,6 +122,7 @@ class StepCache:
         self._candidate_count = np.zeros(1, dtype=np.int64)
         self._candidate_log_probs = np.zeros(0, dtype=np.float32)  # flat: (n, count) views of the front
         self._candidate_ids = np.zeros(0, dtype=np.int64)
+        self._candidate_views = self._candidate_log_probs.reshape(0, 0), self._candidate_ids.reshape(0, 0)
         self._bindings: dict[tuple[int, int, int, int], Binding] = {}  # by Binding.layout
         self._binding: Binding | None = None  # the arranged call's
         self._wanted = (0, 0)  # (candidate rows, candidates per row) of the arranged call
@@ -172,15 +173,13 @@ class StepCache:
         self.rows = rows
         self._arrange_candidates(candidate_rows, candidate_count)
 
-    def continue_in_place(self, tgt_ids: np.ndarray) -> None:
-        """Lay out the next call as the last one with new tokens: every row continues in its own place,
-        the sources are the same and no row wants candidates (greedy requests between joins and leaves).
-        `arrange` with the same rows and sources does the same; this skips its checks (numpy calls that
+    def continue_in_place(self, tgt_ids: np.ndarray | list[int]) -> None:
+        """Lay out the next call as the last one with new tokens: every row continues in its own place and
+        the sources and candidate rows are the same (greedy requests between joins and leaves). `arrange`
+        with the same rows, sources and candidates does the same; this skips its checks (numpy calls that
         each cost several microseconds right after a decoder call has flushed the CPU caches)."""
         self._reserve(self.rows, self._longest + 1)
         self._tgt_ids[: self.rows, 0] = tgt_ids
-        if self._wanted != (0, 0):
-            self._arrange_candidates(None, 0)
 
     def _arrange_rows(self, parents: np.ndarray, in_place: np.ndarray) -> None:
         """Positions of the next call's rows; a row continuing another row takes its slots (`_copy_rows`)."""
@@ -284,12 +283,12 @@ class StepCache:
             self._candidate_rows[:wanted] = candidate_rows
         self._candidate_count[0] = count
         self._wanted = (wanted, count)
+        size = wanted * count  # the views `candidates` returns, made here once rather than at every step
+        self._candidate_views = self._candidate_log_probs[:size].reshape(wanted, count), self._candidate_ids[:size].reshape(wanted, count)
 
     def candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """After `run`: (log-probs, token ids), each (len(candidate_rows), candidate_count), best first per row."""
-        wanted, count = self._wanted
-        size = wanted * count
-        return self._candidate_log_probs[:size].reshape(wanted, count), self._candidate_ids[:size].reshape(wanted, count)
+        return self._candidate_views
 
     def run(self) -> np.ndarray:
         """One decoder call over the arranged rows; log_probs (rows, V), valid until the next call."""

@@ -21,7 +21,15 @@ from typing import Protocol
 import numpy as np
 
 from nmt_serve.model.padding import pad_sources
-from nmt_serve.model.search import BeamSearch, GreedySearch, SearchOptions, advance_greedy, make_searcher
+from nmt_serve.model.search import (
+    GREEDY_CANDIDATES,
+    BeamSearch,
+    GreedySearch,
+    SearchOptions,
+    advance_greedy,
+    advance_greedy_candidates,
+    make_searcher,
+)
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
 from nmt_serve.server.engine.row_placement import place_rows, split_rows
 from nmt_serve.server.engine.sessions import Runtime
@@ -93,6 +101,10 @@ class Engine:
         # After a step whose requests were all greedy and none left: how many there were (0 otherwise). If
         # the next step has the same requests, every row continues in its place and is only fed its token.
         self._steady_greedy_jobs = 0
+        # The plain greedy requests of the arranged call, in the order of their candidate rows (the first rows the graph's
+        # TopK answers), and whether any greedy request was left out (one not yet batchable, `_advance_greedy`).
+        self._greedy_jobs: list[Job] = []
+        self._greedy_left_out = False
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -306,11 +318,16 @@ class Engine:
         return slots, keys, parents, tokens
 
     def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
-        """Beam requests that can advance from each row's best log-probs (the graph's TopK) instead of all V:
-        {job id: (first, end) in the candidate rows}, the candidate rows, candidates per row."""
+        """Requests that can advance from each row's best log-probs (the graph's TopK) instead of all V: the plain greedy
+        ones first (`_greedy_jobs`, GREEDY_CANDIDATES each), then beam requests: {beam job id: (first, end) in the
+        candidate rows}, the candidate rows, candidates per row."""
         spans: dict[int, tuple[int, int]] = {}
-        row_ids: list[np.ndarray] = []
-        count = filled = 0
+        greedy = [job for job in self.active if isinstance(job.searcher, GreedySearch)]
+        self._greedy_jobs = [job for job in greedy if job.searcher.batchable]  # type: ignore[union-attr]
+        self._greedy_left_out = len(self._greedy_jobs) < len(greedy)
+        row_ids = [job.row_ids[:1] for job in self._greedy_jobs]
+        filled = len(row_ids)
+        count = GREEDY_CANDIDATES if filled else 0
         for job in self.active:
             needed = job.searcher.candidates_needed if isinstance(job.searcher, BeamSearch) else 0
             if needed:
@@ -332,11 +349,11 @@ class Engine:
         """The last step's rows again, each fed the token its request chose (what `_row_inputs` would lay out
         for the same greedy requests: every row continues in its place)."""
         arranging = time.perf_counter()
-        tokens = np.concatenate([job.searcher.next_tokens for job in self.active])  # type: ignore[union-attr]
+        tokens = [job.searcher.next_token for job in self.active]  # type: ignore[union-attr]
         if not self._rows_in_order:  # a leave moved a row into a hole: each token goes to its request's row
-            by_row = np.empty_like(tokens)
+            by_row = np.empty(len(tokens), dtype=np.int64)
             by_row[np.concatenate([job.row_ids for job in self.active])] = tokens
-            tokens = by_row
+            tokens = by_row  # type: ignore[assignment]
         self._cache.continue_in_place(tokens)
         self._arranged(arranging)
 
@@ -385,20 +402,34 @@ class Engine:
             self._pool.clear()
 
     def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
-        """Plain greedy requests advance together: one argmax for all their rows instead of one call each."""
-        jobs = [job for job in self.active if isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
+        """Plain greedy requests advance together from the graph's TopK of their rows (read as lists: no numpy call per
+        request, and none over all V); one that became batchable since the call was arranged (its forced prefix
+        consumed) advances with the others like it by one argmax over their rows."""
+        results: dict[int, np.ndarray | None] = {}
+        jobs = self._greedy_jobs
+        if jobs:
+            values, ids = self._cache.candidates()
+            count = len(jobs)
+            chosen = advance_greedy_candidates([job.searcher for job in jobs], values[:count, :GREEDY_CANDIDATES].tolist(),  # type: ignore[misc]
+                                               ids[:count, :GREEDY_CANDIDATES].tolist())  # fmt: skip
+            results = {job.job_id: result for job, result in zip(jobs, chosen, strict=True)}
+        if not self._greedy_left_out:
+            return results
+        jobs = [job for job in self.active
+                if job.job_id not in results and isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
         if not jobs:
-            return {}
+            return results
         # Every row a plain greedy request's (the common case): the searchers are put in row order, so
         # the (rows, V) array is read as it is; with other requests in the call, their rows are gathered.
-        chosen = log_probs
+        rows_log_probs = log_probs
         if len(jobs) == len(log_probs):
             if not self._rows_in_order:
                 jobs.sort(key=lambda job: int(job.row_ids[0]))
         else:
-            chosen = log_probs[np.array([job.row_ids[0] for job in jobs], dtype=np.int64)]
-        results = advance_greedy([job.searcher for job in jobs], chosen)  # type: ignore[misc]
-        return {job.job_id: result for job, result in zip(jobs, results, strict=True)}
+            rows_log_probs = log_probs[np.array([job.row_ids[0] for job in jobs], dtype=np.int64)]
+        advanced = advance_greedy([job.searcher for job in jobs], rows_log_probs)  # type: ignore[misc]
+        results.update(zip([job.job_id for job in jobs], advanced, strict=True))
+        return results
 
     def _max_length(self, job: Job) -> int:
         return job.options.max_length(len(job.src_ids), self.config.max_positions)
