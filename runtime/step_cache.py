@@ -43,6 +43,10 @@ KEEP_BYTES = 64 << 20
 # Moves of at most this many rows x slots copy every used slot (cheaper than finding the slots a row
 # already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
 SMALL_COPY_SLOTS = 64
+# Up to this many rows a call's rows are laid out on Python lists: cheaper than the dozen numpy calls on arrays of a
+# few items, each of which costs several microseconds right after a decoder call has flushed the CPU caches (the
+# engine's bound for its own layout, measured there: server/engine/row_placement.py).
+PYTHON_LAYOUT_ROWS = 32
 MAX_BINDINGS = 64  # IO bindings kept, one per (rows, narrow places, wide places, queries) layout met since the buffers last moved
 
 
@@ -160,11 +164,14 @@ class StepCache:
         """
         parents = np.asarray(parents, dtype=np.int64)
         rows = len(parents)
-        in_place = np.arange(rows)
-        if rows and rows == self.rows and bool((parents == in_place).all()):  # every row continues itself (steady greedy)
-            self._reserve(rows, self._longest + 1)
+        if rows <= PYTHON_LAYOUT_ROWS:
+            self._arrange_few_rows(parents.tolist())
         else:
-            self._arrange_rows(parents, in_place)
+            in_place = np.arange(rows)
+            if rows == self.rows and bool((parents == in_place).all()):  # every row continues itself
+                self._reserve(rows, self._longest + 1)
+            else:
+                self._arrange_rows(parents, in_place)
         keys = np.asarray(source_keys, dtype=np.int64)
         # Bytes compared, not np.array_equal: this runs every step and the arrays are a few hundred ids at most.
         if self._row_keys is None or len(self._row_keys) != len(keys) or self._row_keys.tobytes() != keys.tobytes():
@@ -191,12 +198,26 @@ class StepCache:
         self._reserve(rows, self._longest + 1)
         moved = ~is_new & (parents != in_place)
         if moved.any():
-            self._copy_rows(np.flatnonzero(moved), parents[moved])
+            self._copy_rows(np.flatnonzero(moved).tolist(), parents[moved].tolist(), positions[moved].tolist())
         self._positions[:rows] = positions
 
-    def _copy_rows(self, destination: np.ndarray, origin: np.ndarray) -> None:
-        """Each destination row takes its origin row's cached slots, from the first slot whose lineage differs."""
-        lengths = self._positions[origin].tolist()
+    def _arrange_few_rows(self, parents: list[int]) -> None:
+        """`_arrange_rows` on lists, for at most PYTHON_LAYOUT_ROWS rows."""
+        rows = len(parents)
+        if rows and rows == self.rows and parents == list(range(rows)):  # every row continues itself
+            self._reserve(rows, self._longest + 1)
+            return
+        cached = self._positions[: self.rows].tolist()
+        positions = [cached[parent] if parent >= 0 else 0 for parent in parents] if self.rows else [0] * rows
+        self._longest = max(positions, default=0)
+        self._reserve(rows, self._longest + 1)
+        moved = [row for row, parent in enumerate(parents) if parent >= 0 and parent != row]
+        if moved:
+            self._copy_rows(moved, [parents[row] for row in moved], [positions[row] for row in moved])
+        self._positions[:rows] = positions
+
+    def _copy_rows(self, destination: list[int], origin: list[int], lengths: list[int]) -> None:
+        """Each destination row takes its origin row's `lengths` cached slots, from the first slot whose lineage differs."""
         used = max(lengths)
         ids, block = self._slot_ids, self._kv_block
         if len(lengths) * used <= SMALL_COPY_SLOTS:  # a beam or two: finding the shared slots costs more than copying them
@@ -206,12 +227,12 @@ class StepCache:
             differs = (ids[destination, :used] != numbers) | (numbers == 0)  # 0: never proven equal
             firsts = np.where(differs.any(axis=1), differs.argmax(axis=1), used).tolist()
         copies = [(row, from_row, start, end) for row, from_row, start, end
-                  in zip(destination.tolist(), origin.tolist(), firsts, lengths, strict=True) if start < end]  # fmt: skip
+                  in zip(destination, origin, firsts, lengths, strict=True) if start < end]  # fmt: skip
         # Slots past an origin's length keep the destination's own data and numbers: both stay true.
         # The engine moves a row only into a place whose row has no continuation (or a new place), so it
         # never writes a row that another copy reads and copies can go straight across; other callers (a
         # swap, say) get every origin read first.
-        if set(destination.tolist()).isdisjoint(origin.tolist()):
+        if set(destination).isdisjoint(origin):
             for row, from_row, start, end in copies:
                 block[:, row, :, start:end] = block[:, from_row, :, start:end]  # every layer's K and V in one statement
                 ids[row, start:end] = ids[from_row, start:end]
@@ -279,12 +300,15 @@ class StepCache:
             self._candidate_log_probs = np.zeros(size * MAX_CANDIDATES, dtype=np.float32)
             self._candidate_ids = np.zeros(size * MAX_CANDIDATES, dtype=np.int64)
             self._forget_bindings()
+            self._wanted = (-1, -1)  # new buffers: new views below
         if wanted:
             self._candidate_rows[:wanted] = candidate_rows
-        self._candidate_count[0] = count
-        self._wanted = (wanted, count)
-        size = wanted * count  # the views `candidates` returns, made here once rather than at every step
-        self._candidate_views = self._candidate_log_probs[:size].reshape(wanted, count), self._candidate_ids[:size].reshape(wanted, count)
+        if self._wanted != (wanted, count):
+            self._candidate_count[0] = count
+            self._wanted = (wanted, count)
+            size = wanted * count  # the views `candidates` returns, made when they change rather than at every step
+            self._candidate_views = (self._candidate_log_probs[:size].reshape(wanted, count),
+                                     self._candidate_ids[:size].reshape(wanted, count))  # fmt: skip
 
     def candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """After `run`: (log-probs, token ids), each (len(candidate_rows), candidate_count), best first per row."""

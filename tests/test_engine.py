@@ -11,9 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt_serve.model.search import Hypothesis, SearchOptions, generate
+from nmt_serve.runtime import step_cache
 from nmt_serve.runtime.ort_step import OrtStep
-from nmt_serve.runtime.source_group import MIN_SOURCE_WIDTH, source_width
+from nmt_serve.runtime.source_group import source_width
 from nmt_serve.runtime.step_cache import StepCache
+from nmt_serve.server.engine import engine as engine_module
+from nmt_serve.server.engine import row_placement
 from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome
 from nmt_serve.server.engine.row_placement import place_rows_numpy, place_rows_python
@@ -98,7 +101,15 @@ def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tupl
     return calls, misrouted
 
 
-def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("layout", ["lists", "numpy"])
+def test_engine_staggered_mixed_requests_equal_each_alone(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          layout: str) -> None:  # fmt: skip
+    """Greedy and beam requests joining at different steps each equal themselves alone, with the calls' rows laid out on
+    lists (a few rows, the default here) or with numpy (more rows than PYTHON_PLACEMENT_ROWS / PYTHON_LAYOUT_ROWS)."""
+    if layout == "numpy":
+        monkeypatch.setattr(engine_module, "PYTHON_PLACEMENT_ROWS", 0)
+        monkeypatch.setattr(row_placement, "PYTHON_PLACEMENT_ROWS", 0)
+        monkeypatch.setattr(step_cache, "PYTHON_LAYOUT_ROWS", 0)
     engine = Engine(runtime)
     plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], BEAM3), (2, SOURCES[2], GREEDY_SHORT), (3, SOURCES[3], BEAM3), (5, SOURCES[4], GREEDY_LONG)]
     jobs: list[tuple[Job, list[int], SearchOptions]] = []

@@ -178,13 +178,15 @@ def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
     assert np.array_equal(narrowed[:2], block[:, :, :2]) and not narrowed[2:].any()
 
 
+@pytest.mark.parametrize("layout_rows", [0, step_cache.PYTHON_LAYOUT_ROWS])
 @pytest.mark.parametrize("small_copy_slots", [0, 1000])
 def test_step_cache_moves_copy_only_the_slots_a_row_does_not_share(fp32_dir: Path, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    small_copy_slots: int) -> None:  # fmt: skip
+                                                                    small_copy_slots: int, layout_rows: int) -> None:  # fmt: skip
     """Beams sharing a prefix: a row taking a sibling's hypothesis copies only the slots after the shared
     ones (lineage path); small moves copy every used slot at once. A swap reads both rows first. Torch's
-    log-probs at every step either way."""
+    log-probs at every step either way, with the rows laid out on lists (at most PYTHON_LAYOUT_ROWS) or numpy."""
     monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", small_copy_slots)
+    monkeypatch.setattr(step_cache, "PYTHON_LAYOUT_ROWS", layout_rows)
     torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10]])
     one, eight = np.zeros(1, dtype=np.int64), np.zeros(8, dtype=np.int64)
     calls = [(one, np.array([-1]), np.array([1]))] + [(one, np.array([0]), np.array([20 + step])) for step in range(5)]  # slots 0..5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -351,33 +351,27 @@ def test_searcher_rejects_eos_in_target_prefix() -> None:
         GreedySearch(SearchOptions(target_prefix=(2, EOS)), 3, BOS, EOS, MAX_POSITIONS)
 
 
-def test_advance_greedy_together_equals_each_advance_alone() -> None:
-
-    rng = np.random.default_rng(7)
-    options = [SearchOptions(max_output_tokens=9, min_output_tokens=4), SearchOptions(max_output_tokens=3), SearchOptions(max_output_tokens=12)]
-    alone = [make_searcher(o, 5, BOS, EOS, 64) for o in options]
-    together = copy.deepcopy(alone)
-    for _ in range(14):
-        live = [i for i, searcher in enumerate(alone) if not searcher.done]
-        if not live:
-            break
-        log_probs = np.log(rng.dirichlet(np.ones(16), size=len(options))).astype(np.float32)
-        log_probs[:, EOS] += 1.5  # EOS often best, so the min-length ban and finishing both happen
-        log_probs[:, 5] = log_probs[:, 6] = log_probs.max(axis=1)  # exact ties: the lower id must win
-        expected = [alone[i].advance(log_probs[i : i + 1]) for i in live]
-        got = advance_greedy([together[i] for i in live], log_probs[live])
-        assert [None if e is None else e.tolist() for e in expected] == [None if g is None else g.tolist() for g in got]
-        assert [alone[i].rows for i in live] == [together[i].rows for i in live]
-        assert [alone[i].row_scores.tolist() for i in live] == [together[i].row_scores.tolist() for i in live]
-    assert all(s.done for s in alone) and [s.hypotheses() for s in alone] == [s.hypotheses() for s in together]
+def advance_by_argmax(searchers: list[GreedySearch], log_probs: np.ndarray) -> list[np.ndarray | None]:
+    return advance_greedy(searchers, log_probs)
 
 
-@pytest.mark.parametrize("extra", [0, 3])
-def test_advance_greedy_from_candidates_equals_each_advance_alone(extra: int) -> None:
-    """Greedy requests advanced from their rows' best GREEDY_CANDIDATES log-probs (ONNX TopK's order; the engine
-    may hand over more when beam requests share the call) make advance()'s choices from all V: EOS banned by
-    min_output_tokens and ranked first gives way to the next, exact ties go to the lower id, EOS and max length
-    finish, and the scores are the same floats."""
+def advance_by_candidates(extra: int) -> Callable[[list[GreedySearch], np.ndarray], list[np.ndarray | None]]:
+    """From each row's best GREEDY_CANDIDATES log-probs in ONNX TopK's order and `extra` more (the engine hands over
+    more when beam requests share the call)."""
+
+    def advance(searchers: list[GreedySearch], log_probs: np.ndarray) -> list[np.ndarray | None]:
+        values, ids = onnx_top_k(log_probs, GREEDY_CANDIDATES + extra)
+        return advance_greedy_candidates(searchers, values.tolist(), ids.tolist())
+
+    return advance
+
+
+@pytest.mark.parametrize("advance_together", [advance_by_argmax, advance_by_candidates(0), advance_by_candidates(3)],
+                         ids=["argmax", "candidates", "more-candidates"])  # fmt: skip
+def test_greedy_requests_advanced_together_equal_each_advance_alone(advance_together: Callable) -> None:
+    """Greedy requests advanced together, by one argmax over their rows or from their rows' best log-probs only, make
+    advance()'s choices from all V: EOS banned by min_output_tokens and ranked first gives way to the next, exact
+    ties go to the lower id, EOS and max length finish, and the scores are the same floats."""
     rng = np.random.default_rng(11)
     options = [SearchOptions(max_output_tokens=9, min_output_tokens=4), SearchOptions(max_output_tokens=3),
                SearchOptions(max_output_tokens=12), SearchOptions(max_output_tokens=12, min_output_tokens=12)]  # fmt: skip
@@ -393,14 +387,13 @@ def test_advance_greedy_from_candidates_equals_each_advance_alone(extra: int) ->
         log_probs[:, 5] = log_probs[:, 6] = log_probs.max(axis=1)  # exact ties: the lower id must win
         log_probs[:, EOS] = np.where(rng.random(len(options)) < 0.5, log_probs[:, 5], log_probs[:, EOS])  # EOS tied for best too
         banned_eos_first += sum(len(alone[i].rows[0]) < options[i].min_output_tokens and log_probs[i].argmax() == EOS for i in live)
-        values, ids = onnx_top_k(log_probs[live], GREEDY_CANDIDATES + extra)
         expected = [alone[i].advance(log_probs[i : i + 1]) for i in live]
-        got = advance_greedy_candidates([together[i] for i in live], values.tolist(), ids.tolist())  # type: ignore[misc]
+        got = advance_together([together[i] for i in live], log_probs[live])
         assert [None if e is None else e.tolist() for e in expected] == [None if g is None else g.tolist() for g in got]
         assert [alone[i].rows for i in live] == [together[i].rows for i in live]
         assert [alone[i].row_scores.tolist() for i in live] == [together[i].row_scores.tolist() for i in live]
         assert [alone[i].next_tokens.tolist() for i in live] == [together[i].next_tokens.tolist() for i in live]
-    assert banned_eos_first > 0  # the second candidate was needed
+    assert banned_eos_first > 0  # the ban changed a choice
     assert all(s.done for s in alone) and [s.hypotheses() for s in alone] == [s.hypotheses() for s in together]
 
 
