@@ -16,8 +16,8 @@ def split_rows(rows: np.ndarray, counts: list[int]) -> list[np.ndarray]:
 # Up to this many rows, `place_rows` runs in plain Python, and so does the engine's whole layout of a call
 # (Engine._few_row_inputs; StepCache's PYTHON_LAYOUT_ROWS is the same bound): cheaper than ~10 numpy calls, each of
 # which costs several microseconds right after a decoder run has flushed the CPU caches. Measured in one process on
-# nmt-bench's beam-4 cells (default int8 model, one thread): host time per step 60-70 us less at batch 1 and 2, 81 us
-# less at batch 8 (32 rows) with this bound at 32 rather than 16; at batch 32 (128 rows) lists cost 339 us more.
+# nmt-bench's beam-4 cells (default int8 model, one thread): host time per step 60-70 us less at batch 1 and 2, 19-81 us
+# less at batch 8 (32 rows; three runs); at batch 32 (128 rows) lists cost 339 us more.
 PYTHON_PLACEMENT_ROWS = 32
 
 
