@@ -325,7 +325,12 @@ class StepCache:
             self._bind_candidates(self._binding)
         rows, first_id = self.rows, self._next_slot_id
         # Numbered before the run: a failed run may have written the slots, and new numbers match nothing.
-        self._slot_ids[self._row_range[:rows], self._positions[:rows]] = self._row_range[:rows] + first_id
+        if rows <= PYTHON_LAYOUT_ROWS:  # a few rows: one numpy call and a store per row rather than five calls
+            ids = self._slot_ids
+            for row, position in enumerate(self._positions[:rows].tolist()):
+                ids[row, position] = first_id + row
+        else:
+            self._slot_ids[self._row_range[:rows], self._positions[:rows]] = self._row_range[:rows] + first_id
         self._next_slot_id += rows
         self.session.run_with_iobinding(self._binding.io_binding)
         self._positions[:rows] += 1
