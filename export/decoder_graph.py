@@ -30,7 +30,7 @@ positions share a call without a past mask or padding.
   the step writes slot `position` and reads slots [0, position]. Bind each present K/V to the
   same buffer as its past (IO binding) and the cache grows in place; without binding, ONNX
   Runtime returns a fresh copy of the same shape.
-  candidate_rows [n] int64, candidate_count [1] int64: the rows beam search wants candidates for,
+  candidate_rows [n] int64, candidate_count [1] int64: the rows the search wants candidates for (beam and greedy rows),
   and how many per row (n = 0 and count 0 when no row does: then the two nodes cost nothing)
   -> log_probs [rows, V] float32, present K/V per layer [rows, H, capacity, Dh],
   candidate_log_probs [n, count] float32 and candidate_ids [n, count] int64: each candidate row's

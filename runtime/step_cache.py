@@ -10,8 +10,9 @@ different row (a second beam from one parent, a new or moved row filling a hole)
 of that row it does not already hold (below); a source keeps its place while rows move, a source
 new to its place copies its cross K/V from the caller's pool, and the rows are mapped to their
 sources (the graph's source_queries / row_queries). Unchanged rows and
-sources, the common case, cost nothing. `arrange` also names the rows beam search wants
-candidates for (the graph's in-graph TopK); `candidates` reads them after `run`.
+sources, the common case, cost nothing. `arrange` also names the rows the search wants
+candidates for (the graph's in-graph TopK: beam rows, and greedy rows for their best two); `candidates` reads them
+after `run`.
 
 Slot lineage: every slot a call writes gets a number never used before, and a copied slot takes
 its number along, so two slots with the same number hold the same K/V (the same computation,
