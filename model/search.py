@@ -255,6 +255,23 @@ class Searcher:
         return None if self.done else np.array(parents, dtype=np.int64)
 
 
+class ListBackedArray:
+    """A searcher's per-row array attribute kept as a Python list (`_` + its name): assigned an array, it stores the
+    items; read, it builds the array."""
+
+    def __init__(self, dtype: type[np.generic]) -> None:
+        self.dtype = dtype
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.items_name = "_" + name
+
+    def __get__(self, searcher: object, owner: type | None = None) -> np.ndarray:
+        return np.array(getattr(searcher, self.items_name), dtype=self.dtype)
+
+    def __set__(self, searcher: object, values: np.ndarray) -> None:
+        setattr(searcher, self.items_name, np.asarray(values, dtype=self.dtype).tolist())
+
+
 class GreedySearch(Searcher):
     """One row; the best token each step.
 
@@ -263,26 +280,13 @@ class GreedySearch(Searcher):
     right after a decoder call. `row_scores` and `next_tokens` are built from them when read.
     """
 
-    @property
-    def row_scores(self) -> np.ndarray:
-        return np.array(self._scores, dtype=np.float64)
-
-    @row_scores.setter
-    def row_scores(self, scores: np.ndarray) -> None:
-        self._scores = [float(score) for score in scores]
-
-    @property
-    def next_tokens(self) -> np.ndarray:
-        return np.array(self._next_tokens, dtype=np.int64)
-
-    @next_tokens.setter
-    def next_tokens(self, tokens: np.ndarray) -> None:
-        self._next_tokens = [int(token) for token in tokens]
+    row_scores = ListBackedArray(np.float64)
+    next_tokens = ListBackedArray(np.int64)
 
     @property
     def score(self) -> float:
         """The live row's raw score (the sum of its log-probs)."""
-        return self._scores[0]
+        return self._row_scores[0]
 
     @property
     def next_token(self) -> int:
@@ -310,9 +314,9 @@ class GreedySearch(Searcher):
             if len(tokens) >= self.max_length:
                 self.finished.append((tokens, score, FinishReason.LENGTH))
             else:
-                self.rows[0], self._scores[0], self._next_tokens[0] = tokens, score, token
+                self.rows[0], self._row_scores[0], self._next_tokens[0] = tokens, score, token
                 return FIRST_ROW
-        self.rows, self._scores, self._next_tokens, self.done = [], [], [], True
+        self.rows, self._row_scores, self._next_tokens, self.done = [], [], [], True
         return None
 
 

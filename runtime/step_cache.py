@@ -181,6 +181,11 @@ class StepCache:
         self.rows = rows
         self._arrange_candidates(candidate_rows, candidate_count)
 
+    def want_candidates(self, candidate_rows: np.ndarray | None, candidate_count: int) -> None:
+        """Name the rows whose best `candidate_count` log-probs the next `run` returns (`candidates`), as `arrange` does,
+        for a call laid out by `continue_in_place`."""
+        self._arrange_candidates(candidate_rows, candidate_count)
+
     def continue_in_place(self, tgt_ids: np.ndarray | list[int]) -> None:
         """Lay out the next call as the last one with new tokens: every row continues in its own place and
         the sources and candidate rows are the same (greedy requests between joins and leaves). `arrange`
@@ -295,16 +300,16 @@ class StepCache:
         if wanted and not 0 < count <= min(MAX_CANDIDATES, self.vocab_size):
             raise ValueError(f"candidate_count must be between 1 and {min(MAX_CANDIDATES, self.vocab_size)}, got {count}")
         count = count if wanted else 0
-        if wanted > len(self._candidate_rows):  # grows with the row buffers' capacity, never per step
+        grown = wanted > len(self._candidate_rows)
+        if grown:  # grows with the row buffers' capacity, never per step
             size = max(wanted, self._positions.shape[0])
             self._candidate_rows = np.zeros(size, dtype=np.int64)
             self._candidate_log_probs = np.zeros(size * MAX_CANDIDATES, dtype=np.float32)
             self._candidate_ids = np.zeros(size * MAX_CANDIDATES, dtype=np.int64)
             self._forget_bindings()
-            self._wanted = (-1, -1)  # new buffers: new views below
         if wanted:
             self._candidate_rows[:wanted] = candidate_rows
-        if self._wanted != (wanted, count):
+        if grown or self._wanted != (wanted, count):
             self._candidate_count[0] = count
             self._wanted = (wanted, count)
             size = wanted * count  # the views `candidates` returns, made when they change rather than at every step

@@ -21,15 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from nmt_serve.model.padding import pad_sources
-from nmt_serve.model.search import (
-    GREEDY_CANDIDATES,
-    BeamSearch,
-    GreedySearch,
-    SearchOptions,
-    advance_greedy,
-    advance_greedy_candidates,
-    make_searcher,
-)
+from nmt_serve.model.search import GREEDY_CANDIDATES, BeamSearch, GreedySearch, SearchOptions, advance_greedy_candidates, make_searcher
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
 from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_rows, place_rows_list, split_rows
 from nmt_serve.server.engine.sessions import Runtime
@@ -102,7 +94,7 @@ class Engine:
         # the next step has the same requests, every row continues in its place and is only fed its token.
         self._steady_greedy_jobs = 0
         # The plain greedy requests of the arranged call, in the order of their candidate rows (the first rows the graph's
-        # TopK answers), and whether any greedy request was left out (one not yet batchable, `_advance_greedy`).
+        # TopK answers), and whether any greedy request was left out (one not yet batchable: steady steps look again).
         self._greedy_jobs: list[Job] = []
         self._greedy_left_out = False
         self._cache = runtime.new_step_cache()
@@ -378,6 +370,9 @@ class Engine:
             by_row = np.empty(len(tokens), dtype=np.int64)
             by_row[np.concatenate([job.row_ids for job in self.active])] = tokens
             tokens = by_row  # type: ignore[assignment]
+        if self._greedy_left_out:  # a greedy request's forced prefix may have ended: its row joins the candidate rows
+            _, candidate_rows, candidate_count = self._candidate_rows()
+            self._cache.want_candidates(candidate_rows, candidate_count)
         self._cache.continue_in_place(tokens)
         self._arranged(arranging)
 
@@ -395,7 +390,7 @@ class Engine:
         return log_probs
 
     def _advance(self, log_probs: np.ndarray, candidate_jobs: dict[int, tuple[int, int]]) -> None:
-        greedy = self._advance_greedy(log_probs)
+        greedy = self._advance_greedy()
         candidate_log_probs, candidate_ids = self._cache.candidates()
         still_active = []
         for job in self.active:
@@ -425,35 +420,18 @@ class Engine:
             self._cache.clear()
             self._pool.clear()
 
-    def _advance_greedy(self, log_probs: np.ndarray) -> dict[int, np.ndarray | None]:
-        """Plain greedy requests advance together from the graph's TopK of their rows (read as lists: no numpy call per
-        request, and none over all V); one that became batchable since the call was arranged (its forced prefix
-        consumed) advances with the others like it by one argmax over their rows."""
-        results: dict[int, np.ndarray | None] = {}
+    def _advance_greedy(self) -> dict[int, np.ndarray | None]:
+        """Plain greedy requests advance together from the graph's TopK of their rows, read as lists: no numpy call per
+        request, and none over all V. A greedy request left out of the candidate rows (its forced prefix not yet
+        consumed, or a processor that edits any token) advances through `Searcher.advance` like any other."""
         jobs = self._greedy_jobs
-        if jobs:
-            values, ids = self._cache.candidates()
-            count = len(jobs)
-            chosen = advance_greedy_candidates([job.searcher for job in jobs], values[:count, :GREEDY_CANDIDATES].tolist(),  # type: ignore[misc]
-                                               ids[:count, :GREEDY_CANDIDATES].tolist())  # fmt: skip
-            results = {job.job_id: result for job, result in zip(jobs, chosen, strict=True)}
-        if not self._greedy_left_out:
-            return results
-        jobs = [job for job in self.active
-                if job.job_id not in results and isinstance(job.searcher, GreedySearch) and job.searcher.batchable]
         if not jobs:
-            return results
-        # Every row a plain greedy request's (the common case): the searchers are put in row order, so
-        # the (rows, V) array is read as it is; with other requests in the call, their rows are gathered.
-        rows_log_probs = log_probs
-        if len(jobs) == len(log_probs):
-            if not self._rows_in_order:
-                jobs.sort(key=lambda job: int(job.row_ids[0]))
-        else:
-            rows_log_probs = log_probs[np.array([job.row_ids[0] for job in jobs], dtype=np.int64)]
-        advanced = advance_greedy([job.searcher for job in jobs], rows_log_probs)  # type: ignore[misc]
-        results.update(zip([job.job_id for job in jobs], advanced, strict=True))
-        return results
+            return {}
+        values, ids = self._cache.candidates()
+        count = len(jobs)
+        chosen = advance_greedy_candidates([job.searcher for job in jobs], values[:count, :GREEDY_CANDIDATES].tolist(),  # type: ignore[misc]
+                                           ids[:count, :GREEDY_CANDIDATES].tolist())  # fmt: skip
+        return {job.job_id: result for job, result in zip(jobs, chosen, strict=True)}
 
     def _max_length(self, job: Job) -> int:
         return job.options.max_length(len(job.src_ids), self.config.max_positions)
