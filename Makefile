@@ -20,7 +20,8 @@ serve:
 	@$(MAKE) --no-print-directory kernels PYTHON=$(PYTHON)
 	$(PYTHON) -m nmt_serve.server.main $(SERVE_ARGS)
 
-# The native attention kernels (runtime/kernels/; needs g++ and fetches ONNX Runtime's headers from Debian once).
+# The native attention kernels (runtime/kernels/; needs g++ and fetches ONNX Runtime's headers from Debian once), and
+# beam search's per-step choice compiled (runtime/build_beam_select.py; needs this Python's headers).
 # Best effort: where they cannot be built the server runs ONNX Runtime's own kernels, and says so.
 kernels:
 	@$(PYTHON) -m nmt_serve.runtime.build_kernels $$([ -f runtime/kernels/ort-headers/onnxruntime_cxx_api.h ] || echo --download-headers) \

@@ -41,6 +41,11 @@ from typing import Protocol
 
 import numpy as np
 
+try:  # built by nmt-build-kernels from runtime/kernels/beam_select.c; without it the same choice runs in numpy
+    from nmt_serve.model import _beam_select as native_beam_select
+except ImportError:
+    native_beam_select = None
+
 MAX_BEAM_SIZE = 16
 
 # Processors edit one row's float64 log-probs (V,) in place, given that row's generated tokens.
@@ -405,9 +410,13 @@ class BeamSearch(Searcher):
         needed = self.candidates_needed
         if needed == 0 or log_probs.shape[0] != len(self.rows) or log_probs.shape[1] < needed:
             raise ValueError(f"need {needed} candidates for each of {len(self.rows)} rows, got {log_probs.shape}")
+        ban_eos = len(self.rows[0]) < self.options.min_output_tokens
+        if native_beam_select is not None:
+            return self._extend(native_beam_select.choose(log_probs, token_ids, self.row_scores, needed, self.eos_id, ban_eos,
+                                                          self.options.beam_size, len(self.finished)))
         values, tokens = log_probs[:, :needed], token_ids[:, :needed]
         totals = values + self.row_scores[:, None]  # float32 + float64, as _processed adds them
-        if len(self.rows[0]) < self.options.min_output_tokens:
+        if ban_eos:
             totals[tokens == self.eos_id] = -np.inf
         rows = candidate_row_numbers(len(self.rows), needed)
         flat_tokens, flat_totals = tokens.ravel(), totals.ravel()
