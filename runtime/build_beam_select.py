@@ -34,11 +34,12 @@ def python_headers() -> Path | None:
 
 def build_beam_select(compiler: str = "g++", out: Path = MODULE) -> Path | None:
     """Compile the extension into `out` (written whole, then moved into place); None, with a warning, where this Python has
-    no headers or there is no compiler (the numpy form then runs). BeamSelectBuildError when the compiler fails."""
+    no headers, there is no compiler or no source (the numpy form then runs). BeamSelectBuildError when the compiler fails."""
     include = python_headers()
-    if include is None or shutil.which(compiler) is None:
+    if include is None or shutil.which(compiler) is None or not SOURCE.is_file():
         headers = sysconfig.get_paths()["include"]
-        missing = f"no compiler {compiler!r}" if include is not None else f"no Python.h in {headers} (Debian: python3-dev)"
+        missing = (f"no Python.h in {headers} (Debian: python3-dev)" if include is None else f"no compiler {compiler!r}"
+                   if shutil.which(compiler) is None else f"no source {SOURCE}")  # fmt: skip
         logger.warning("beam search's choice not compiled (%s): it runs in numpy", missing)
         return None
     partial = out.with_name(out.name + ".partial")

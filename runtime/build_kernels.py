@@ -168,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam-select-out", type=Path, default=BEAM_SELECT_MODULE,
                         help="where beam search's compiled choice goes (default: where model/search.py imports it)")
     args = parser.parse_args(argv)
-    try:
+    status = 0
+    try:  # independent of the library: a failure here is reported after the library is built
         build_beam_select(args.cxx, args.beam_select_out)
     except BeamSelectBuildError as error:
         logger.error("nmt-build-kernels: %s", error)
-        return 1
+        status = 1
     try:
         include = args.include or (download_headers() if args.download_headers else None)
         build_library(find_headers(include), args.out, args.cxx)
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # the download: no network, a mirror error
         logger.error("nmt-build-kernels: fetching the headers failed (%s): pass --include DIR instead", error)
         return 2
-    return 0
+    return status
 
 
 if __name__ == "__main__":
