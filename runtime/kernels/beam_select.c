@@ -57,7 +57,7 @@ static PyObject* choose(PyObject* module, PyObject* args) {
     return NULL;
   Py_buffer values, tokens, scores;
   if (view_of(values_object, &values, 2, 4, "f", "log_probs") != 0) return NULL;
-  if (view_of(tokens_object, &tokens, 2, 8, "qlL", "token_ids") != 0) {
+  if (view_of(tokens_object, &tokens, 2, 8, "ql", "token_ids") != 0) {
     PyBuffer_Release(&values);
     return NULL;
   }
