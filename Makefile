@@ -21,7 +21,7 @@ serve:
 	$(PYTHON) -m nmt_serve.server.main $(SERVE_ARGS)
 
 # The native attention kernels (runtime/kernels/; needs g++ and fetches ONNX Runtime's headers from Debian once), and
-# beam search's per-step choice compiled (runtime/build_beam_select.py; needs this Python's headers).
+# the engine's host work in C (runtime/build_extensions.py: beam search's choice, cache moves; needs this Python's headers).
 # Best effort: where they cannot be built the server runs ONNX Runtime's own kernels, and says so.
 kernels:
 	@$(PYTHON) -m nmt_serve.runtime.build_kernels $$([ -f runtime/kernels/ort-headers/onnxruntime_cxx_api.h ] || echo --download-headers) \

@@ -5,7 +5,7 @@ them, else ORT_INCLUDE_DIR, headers fetched before (runtime/kernels/ort-headers)
 --download-headers fetches Debian's libonnxruntime-dev package (headers only, checked against the archive's SHA-256)
 into runtime/kernels/ort-headers first. The library does not link against ONNX Runtime (the API table comes from
 the session), so headers of an API version at most the installed onnxruntime's serve.
-It first compiles beam search's per-step choice (runtime/build_beam_select.py), which needs no ONNX Runtime headers.
+It first compiles the engine's host work in C (runtime/build_extensions.py), which needs no ONNX Runtime headers.
 
 Exit status: 0 built, 1 the compiler failed, 2 no usable headers or compiler (the message says what to do).
 """
@@ -28,8 +28,7 @@ import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
-from nmt_serve.runtime.build_beam_select import MODULE as BEAM_SELECT_MODULE
-from nmt_serve.runtime.build_beam_select import BeamSelectBuildError, build_beam_select
+from nmt_serve.runtime.build_extensions import build_extensions
 from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY, KERNELS_DIR
 
 logger = logging.getLogger(__name__)
@@ -165,15 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--download-headers", action="store_true", help=f"fetch Debian's {DEBIAN_PACKAGE} headers first (network)")
     parser.add_argument("--out", type=Path, default=DEFAULT_LIBRARY, help="where the library goes (default: where the runtime looks)")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"), help="the C++ compiler (default: $CXX, else g++)")
-    parser.add_argument("--beam-select-out", type=Path, default=BEAM_SELECT_MODULE,
-                        help="where beam search's compiled choice goes (default: where model/search.py imports it)")
+    parser.add_argument("--extensions-out", type=Path,
+                        help="a directory for the host work's CPython extensions (default: where the engine imports them)")
     args = parser.parse_args(argv)
-    status = 0
-    try:  # independent of the library: a failure here is reported after the library is built
-        build_beam_select(args.cxx, args.beam_select_out)
-    except BeamSelectBuildError as error:
-        logger.error("nmt-build-kernels: %s", error)
-        status = 1
+    status = 0 if build_extensions(args.cxx, args.extensions_out) else 1  # independent of the library, built either way
     try:
         include = args.include or (download_headers() if args.download_headers else None)
         build_library(find_headers(include), args.out, args.cxx)

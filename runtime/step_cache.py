@@ -33,6 +33,11 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_serve.model.config import ModelConfig
+
+try:  # built by nmt-build-kernels from runtime/kernels/cache_moves.c; without it the moves run in numpy
+    from nmt_serve.runtime import _cache_moves as native_cache_moves
+except ImportError:
+    native_cache_moves = None
 from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH, SourceGroup, grown, narrow_name
 from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout
 
@@ -232,13 +237,17 @@ class StepCache:
             numbers = ids[origin, :used]
             differs = (ids[destination, :used] != numbers) | (numbers == 0)  # 0: never proven equal
             firsts = np.where(differs.any(axis=1), differs.argmax(axis=1), used).tolist()
-        copies = [(row, from_row, start, end) for row, from_row, start, end
-                  in zip(destination, origin, firsts, lengths, strict=True) if start < end]  # fmt: skip
         # Slots past an origin's length keep the destination's own data and numbers: both stay true.
         # The engine moves a row only into a place whose row has no continuation (or a new place), so it
         # never writes a row that another copy reads and copies can go straight across; other callers (a
         # swap, say) get every origin read first.
-        if set(destination).isdisjoint(origin):
+        across = set(destination).isdisjoint(origin)
+        if across and native_cache_moves is not None and block.flags.c_contiguous:  # a memcpy per (tensor, head) block of a move
+            self.slots_copied += native_cache_moves.copy_rows(block, ids, destination, origin, firsts, lengths)
+            return
+        copies = [(row, from_row, start, end) for row, from_row, start, end
+                  in zip(destination, origin, firsts, lengths, strict=True) if start < end]  # fmt: skip
+        if across:
             for row, from_row, start, end in copies:
                 block[:, row, :, start:end] = block[:, from_row, :, start:end]  # every layer's K and V in one statement
                 ids[row, start:end] = ids[from_row, start:end]

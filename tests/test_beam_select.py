@@ -1,4 +1,4 @@
-"""Beam search's per-step choice compiled (runtime/kernels/beam_select.c, built by runtime/build_beam_select.py) against
+"""Beam search's per-step choice compiled (runtime/kernels/beam_select.c, built by runtime/build_extensions.py) against
 its numpy form in model/search.py: the same choices and search state, ties, bans and NaN included."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from nmt_serve.model import search
 from nmt_serve.model.search import BeamSearch, SearchOptions
-from nmt_serve.runtime.build_beam_select import MODULE, build_beam_select
+from nmt_serve.runtime.build_extensions import BEAM_SELECT, build_extension
 
 EOS = 2
 
@@ -23,7 +23,7 @@ EOS = 2
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     """The extension built in this session from the source, loaded from where it was built; skipped, with the reason,
     where this Python has no headers or there is no compiler."""
-    built = build_beam_select(out=tmp_path_factory.mktemp("beam_select") / MODULE.name)
+    built = build_extension(BEAM_SELECT, out=tmp_path_factory.mktemp("beam_select") / BEAM_SELECT.module.name)
     if built is None:
         pytest.skip("beam search's choice not compilable here: no Python headers or no compiler (the build logged which)")
     loader = importlib.machinery.ExtensionFileLoader("_beam_select", str(built))
@@ -106,4 +106,4 @@ def test_bad_arrays_are_refused_with_their_name(compiled: ModuleType) -> None:
 
 def test_the_build_writes_the_module_search_imports() -> None:
     """model/search.py imports the extension from the model package under this Python's extension suffix."""
-    assert MODULE.parent == Path(search.__file__).parent and MODULE.name.startswith("_beam_select")
+    assert BEAM_SELECT.module.parent == Path(search.__file__).parent and BEAM_SELECT.module.name.startswith("_beam_select")

@@ -221,7 +221,7 @@ def test_build_needs_headers_and_says_where_to_get_them(tmp_path: Path, monkeypa
     """No headers anywhere: nmt-build-kernels exits 2 naming --download-headers and --include; headers of a newer
     ONNX Runtime than the installed one are refused before compiling."""
     from nmt_serve.runtime import build_kernels
-    from nmt_serve.runtime.build_beam_select import python_headers
+    from nmt_serve.runtime.build_extensions import EXTENSIONS, python_headers
 
     monkeypatch.delenv("ORT_INCLUDE_DIR", raising=False)
     monkeypatch.setattr(build_kernels, "FETCHED_HEADERS", tmp_path / "fetched")
@@ -230,9 +230,10 @@ def test_build_needs_headers_and_says_where_to_get_them(tmp_path: Path, monkeypa
         build_kernels.find_headers(None)
     assert refused.value.status == 2
     assert build_kernels.main(["--include", str(tmp_path / "empty"), "--out", str(tmp_path / "lib.so"),
-                               "--beam-select-out", str(tmp_path / "beam_select.so")]) == 2  # fmt: skip
-    # beam search's choice needs no ONNX Runtime headers: built all the same wherever this Python has its own
-    assert (tmp_path / "beam_select.so").is_file() == (python_headers() is not None)
+                               "--extensions-out", str(tmp_path)]) == 2  # fmt: skip
+    # the host work's extensions need no ONNX Runtime headers: built all the same wherever this Python has its own
+    for extension in EXTENSIONS:
+        assert (tmp_path / extension.module.name).is_file() == (python_headers() is not None)
     newer = tmp_path / "newer"
     newer.mkdir()
     (newer / "onnxruntime_cxx_api.h").write_text("")

@@ -12,6 +12,7 @@ import numpy as np
 from nmt_serve.model import search
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
+from nmt_serve.runtime import step_cache
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
 from nmt_serve.runtime.native_kernels import resolve_native_kernels
 from nmt_serve.runtime.ort_step import available_providers, make_session
@@ -84,8 +85,9 @@ class Runtime:
             names = [name.replace("_", "-") for name in self.kernels_in_use]
             ran = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else "nothing")
             logger.info("native kernels (%s) ran the %s; ONNX Runtime's own kernels the rest", self.native_kernels.path, ran)
-        logger.info("beam search's per-step choice: %s", "compiled (model/_beam_select)" if search.native_beam_select is not None
-                    else "numpy (`make kernels` compiles it)")
+        compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves}
+        logger.info("the engine's host work: %s", ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}"
+                                                             for what, module in compiled.items()))  # fmt: skip
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)

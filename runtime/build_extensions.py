@@ -1,0 +1,80 @@
+"""Compile the engine's host work in C (runtime/kernels/*.c) into the CPython extensions the engine imports.
+
+Two: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py) and the step
+cache's row moves (cache_moves.c -> runtime/_cache_moves, imported by runtime/step_cache.py). They need only a C
+compiler and this Python's headers (Debian: python3-dev), no ONNX Runtime headers, so nmt-build-kernels builds them even
+where the attention kernels cannot be. Without them the same work runs in numpy, with the same results.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt_serve.runtime.native_kernels import KERNELS_DIR
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"  # the module file's name carries this Python's ABI
+COMPILE_FLAGS = ("-x", "c", "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra")
+
+
+@dataclass(frozen=True)
+class Extension:
+    what: str  # for the log
+    source: Path
+    module: Path  # where the importing package finds it
+
+
+BEAM_SELECT = Extension("beam search's choice", KERNELS_DIR / "beam_select.c", PACKAGE_DIR / "model" / f"_beam_select{SUFFIX}")
+CACHE_MOVES = Extension("the step cache's row moves", KERNELS_DIR / "cache_moves.c", PACKAGE_DIR / "runtime" / f"_cache_moves{SUFFIX}")
+EXTENSIONS = (BEAM_SELECT, CACHE_MOVES)
+
+
+class ExtensionBuildError(RuntimeError):
+    """The compiler failed on an extension; the message holds its command and output."""
+
+
+def python_headers() -> Path | None:
+    """This Python's include directory, where it holds Python.h; else None."""
+    include = Path(sysconfig.get_paths()["include"])
+    return include if (include / "Python.h").is_file() else None
+
+
+def build_extension(extension: Extension, compiler: str = "g++", out: Path | None = None) -> Path | None:
+    """Compile `extension` into `out` (default: its module path; written whole, then moved into place); None, with a
+    warning, where this Python has no headers, there is no compiler or no source (numpy then does its work).
+    ExtensionBuildError when the compiler fails."""
+    include, out = python_headers(), out or extension.module
+    if include is None or shutil.which(compiler) is None or not extension.source.is_file():
+        headers = sysconfig.get_paths()["include"]
+        missing = (f"no Python.h in {headers} (Debian: python3-dev)" if include is None else f"no compiler {compiler!r}"
+                   if shutil.which(compiler) is None else f"no source {extension.source}")  # fmt: skip
+        logger.warning("%s not compiled (%s): it runs in numpy", extension.what, missing)
+        return None
+    partial = out.with_name(out.name + ".partial")
+    command = [compiler, *COMPILE_FLAGS, f"-I{include}", str(extension.source), "-o", str(partial)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ExtensionBuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+    partial.replace(out)
+    logger.info("built %s (%s)", out, extension.what)
+    return out
+
+
+def build_extensions(compiler: str = "g++", out_dir: Path | None = None) -> bool:
+    """Every extension (into `out_dir` where given, else where it is imported from); False when the compiler failed on
+    any (each failure logged), True otherwise, a skipped one included."""
+    built = True
+    for extension in EXTENSIONS:
+        try:
+            build_extension(extension, compiler, out_dir / extension.module.name if out_dir else None)
+        except ExtensionBuildError as error:
+            logger.error("nmt-build-kernels: %s", error)
+            built = False
+    return built

@@ -1,0 +1,88 @@
+"""The step cache's row moves compiled (runtime/kernels/cache_moves.c, built by runtime/build_extensions.py) against their
+numpy form in StepCache._copy_rows: the same cache bytes, slot lineage and count of slots copied."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from types import ModuleType, SimpleNamespace
+
+import numpy as np
+import pytest
+
+from nmt_serve.runtime import step_cache
+from nmt_serve.runtime.build_extensions import CACHE_MOVES, build_extension
+from nmt_serve.runtime.step_cache import StepCache
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """The extension built in this session from the source; skipped, with the reason, where it cannot be compiled."""
+    built = build_extension(CACHE_MOVES, out=tmp_path_factory.mktemp("cache_moves") / CACHE_MOVES.module.name)
+    if built is None:
+        pytest.skip("the cache moves not compilable here: no Python headers or no compiler (the build logged which)")
+    loader = importlib.machinery.ExtensionFileLoader("_cache_moves", str(built))
+    spec = importlib.util.spec_from_file_location("_cache_moves", str(built), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def cache(rng: np.random.Generator, dtype: type, rows: int = 12, capacity: int = 10) -> SimpleNamespace:
+    """What _copy_rows reads of a StepCache: a (tensors, rows, heads, length, head dim) block and the slot lineage,
+    rows sharing some of their first slots' numbers as beams of one hypothesis do."""
+    block = rng.integers(-100, 100, size=(6, rows, 4, capacity, 8)).astype(dtype)
+    ids = np.zeros((rows, capacity), dtype=np.int64)
+    for row in range(rows):
+        shared = int(rng.integers(0, capacity))
+        ids[row, :shared] = np.arange(1, shared + 1)
+        ids[row, shared:] = 1000 * (row + 1) + np.arange(shared, capacity)
+    return SimpleNamespace(_kv_block=block, _slot_ids=ids, slots_copied=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+@pytest.mark.parametrize("small_copy_slots", [0, 1000])
+def test_compiled_moves_give_the_numpy_moves(compiled: ModuleType, monkeypatch: pytest.MonkeyPatch, dtype: type,
+                                           small_copy_slots: int) -> None:
+    """Random moves between distinct rows, each from the first slot its lineage differs (or every used slot): the same
+    block, lineage and count either way; rows not written keep their bytes."""
+    monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", small_copy_slots)
+    rng = np.random.default_rng(small_copy_slots + np.dtype(dtype).itemsize)
+    for _ in range(30):
+        with_numpy = cache(rng, dtype)
+        with_compiled = SimpleNamespace(_kv_block=with_numpy._kv_block.copy(), _slot_ids=with_numpy._slot_ids.copy(), slots_copied=0)
+        rows = rng.permutation(12).tolist()
+        moves = int(rng.integers(1, 6))
+        destination, origin = rows[:moves], rows[moves : 2 * moves]
+        lengths = rng.integers(0, 11, size=moves).tolist()
+        monkeypatch.setattr(step_cache, "native_cache_moves", None)
+        StepCache._copy_rows(with_numpy, destination, origin, lengths)  # type: ignore[arg-type]
+        monkeypatch.setattr(step_cache, "native_cache_moves", compiled)
+        StepCache._copy_rows(with_compiled, destination, origin, lengths)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(with_compiled._kv_block, with_numpy._kv_block)
+        np.testing.assert_array_equal(with_compiled._slot_ids, with_numpy._slot_ids)
+        assert with_compiled.slots_copied == with_numpy.slots_copied
+
+
+def test_a_swap_reads_both_rows_first_without_the_extension(compiled: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows trading places (a row written that another move reads) take the numpy path, which reads every origin first."""
+    monkeypatch.setattr(step_cache, "native_cache_moves", compiled)
+    moved = cache(np.random.default_rng(0), np.float32)
+    before = moved._kv_block.copy()
+    StepCache._copy_rows(moved, [0, 1], [1, 0], [10, 10])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(moved._kv_block[:, 0], before[:, 1])
+    np.testing.assert_array_equal(moved._kv_block[:, 1], before[:, 0])
+
+
+def test_bad_moves_are_refused(compiled: ModuleType) -> None:
+    block, ids = np.zeros((2, 3, 1, 4, 8), np.float32), np.zeros((3, 4), np.int64)
+    with pytest.raises(ValueError, match="outside the block of 3 rows x 4 slots"):
+        compiled.copy_rows(block, ids, [0], [3], [0], [2])
+    with pytest.raises(ValueError, match="outside the block"):
+        compiled.copy_rows(block, ids, [0], [1], [0], [5])
+    with pytest.raises(ValueError, match="5-D"):
+        compiled.copy_rows(block[0], ids, [0], [1], [0], [2])
+    with pytest.raises(ValueError, match="int64"):
+        compiled.copy_rows(block, ids.astype(np.int32), [0], [1], [0], [2])
+    assert compiled.copy_rows(block, ids, [0], [1], [0], [4]) == 4
