@@ -4,8 +4,6 @@ its numpy form in model/search.py: the same choices and search state, ties, bans
 from __future__ import annotations
 
 import copy
-import importlib.machinery
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -14,24 +12,16 @@ import pytest
 
 from nmt_serve.model import search
 from nmt_serve.model.search import BeamSearch, SearchOptions
-from nmt_serve.runtime.build_extensions import BEAM_SELECT, build_extension
+from nmt_serve.runtime.build_extensions import BEAM_SELECT
+from tests.extensions import compiled_extension
 
 EOS = 2
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """The extension built in this session from the source, loaded from where it was built; skipped, with the reason,
-    where this Python has no headers or there is no compiler."""
-    built = build_extension(BEAM_SELECT, out=tmp_path_factory.mktemp("beam_select") / BEAM_SELECT.module.name)
-    if built is None:
-        pytest.skip("beam search's choice not compilable here: no Python headers or no compiler (the build logged which)")
-    loader = importlib.machinery.ExtensionFileLoader("_beam_select", str(built))
-    spec = importlib.util.spec_from_file_location("_beam_select", str(built), loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The extension built in this session from the source (tests/extensions.py)."""
+    return compiled_extension("beam_select", tmp_path_factory.mktemp("beam_select"))  # type: ignore[return-value]
 
 
 def candidates(rng: np.random.Generator, rows: int, needed: int, extra: int, distinct: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -3,30 +3,20 @@ numpy form in StepCache._copy_rows: the same cache bytes, slot lineage and count
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
 
 from nmt_serve.runtime import step_cache
-from nmt_serve.runtime.build_extensions import CACHE_MOVES, build_extension
 from nmt_serve.runtime.step_cache import StepCache
+from tests.extensions import compiled_extension
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """The extension built in this session from the source; skipped, with the reason, where it cannot be compiled."""
-    built = build_extension(CACHE_MOVES, out=tmp_path_factory.mktemp("cache_moves") / CACHE_MOVES.module.name)
-    if built is None:
-        pytest.skip("the cache moves not compilable here: no Python headers or no compiler (the build logged which)")
-    loader = importlib.machinery.ExtensionFileLoader("_cache_moves", str(built))
-    spec = importlib.util.spec_from_file_location("_cache_moves", str(built), loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The extension built in this session from the source (tests/extensions.py)."""
+    return compiled_extension("cache_moves", tmp_path_factory.mktemp("cache_moves"))  # type: ignore[return-value]
 
 
 def cache(rng: np.random.Generator, dtype: type, rows: int = 12, capacity: int = 10) -> SimpleNamespace:
