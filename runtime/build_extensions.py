@@ -46,23 +46,38 @@ def python_headers() -> Path | None:
     return include if (include / "Python.h").is_file() else None
 
 
-def build_extension(extension: Extension, compiler: str = "g++", out: Path | None = None) -> Path | None:
-    """Compile `extension` into `out` (default: its module path; written whole, then moved into place); None, with a
-    warning, where this Python has no headers, there is no compiler or no source (numpy then does its work).
-    ExtensionBuildError when the compiler fails."""
-    include, out = python_headers(), out or extension.module
-    if include is None or shutil.which(compiler) is None or not extension.source.is_file():
-        headers = sysconfig.get_paths()["include"]
-        missing = (f"no Python.h in {headers} (Debian: python3-dev)" if include is None else f"no compiler {compiler!r}"
-                   if shutil.which(compiler) is None else f"no source {extension.source}")  # fmt: skip
-        logger.warning("%s not compiled (%s): it runs in numpy", extension.what, missing)
-        return None
+def compile_into(command: list[str], out: Path) -> str | None:
+    """Run a compiler `command` (without its output option) writing `out` whole, then moved into place; None when it
+    succeeded, else the command and the end of its error output. Shared with the kernels library (build_kernels.py)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    command = [compiler, *COMPILE_FLAGS, f"-I{include}", str(extension.source), "-o", str(partial)]
+    command = [*command, "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise ExtensionBuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+        return f"{' '.join(command)} failed:\n{result.stderr[-4000:]}"
     partial.replace(out)
+    return None
+
+
+def missing_for(extension: Extension, compiler: str) -> str | None:
+    """What keeps `extension` from being compiled here (no Python headers, compiler or source), or None."""
+    if python_headers() is None:
+        return f"no Python.h in {sysconfig.get_paths()['include']} (Debian: python3-dev)"
+    if shutil.which(compiler) is None:
+        return f"no compiler {compiler!r}"
+    return None if extension.source.is_file() else f"no source {extension.source}"
+
+
+def build_extension(extension: Extension, compiler: str = "g++", out: Path | None = None) -> Path | None:
+    """Compile `extension` into `out` (default: its module path); None, with a warning, where this Python has no headers,
+    there is no compiler or no source (numpy then does its work). ExtensionBuildError when the compiler fails."""
+    missing, out = missing_for(extension, compiler), out or extension.module
+    if missing is not None:
+        logger.warning("%s not compiled (%s): it runs in numpy", extension.what, missing)
+        return None
+    failure = compile_into([compiler, *COMPILE_FLAGS, f"-I{python_headers()}", str(extension.source)], out)
+    if failure is not None:
+        raise ExtensionBuildError(failure)
     logger.info("built %s (%s)", out, extension.what)
     return out
 

@@ -20,7 +20,6 @@ import lzma
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -28,7 +27,7 @@ import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
-from nmt_serve.runtime.build_extensions import build_extensions
+from nmt_serve.runtime.build_extensions import build_extensions, compile_into
 from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY, KERNELS_DIR
 
 logger = logging.getLogger(__name__)
@@ -145,13 +144,9 @@ def build_library(include: Path, out: Path, compiler: str = "g++") -> Path:
     if headers > runtime:
         raise BuildError(f"{include} holds API version {headers} headers; the installed onnxruntime serves up to {runtime}: "
                          "use headers of an older or the same ONNX Runtime", 2)  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    command = [compiler, *COMPILE_FLAGS, f"-I{include}", *(str(KERNELS_DIR / source) for source in SOURCES), "-o", str(partial)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}", 1)
-    partial.replace(out)
+    failure = compile_into([compiler, *COMPILE_FLAGS, f"-I{include}", *(str(KERNELS_DIR / source) for source in SOURCES)], out)
+    if failure is not None:
+        raise BuildError(failure, 1)
     logger.info("built %s (API version %d headers from %s)", out, headers, include)
     return out
 

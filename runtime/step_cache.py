@@ -33,13 +33,13 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_serve.model.config import ModelConfig
+from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH, SourceGroup, grown, narrow_name
+from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout
 
 try:  # built by nmt-build-kernels from runtime/kernels/cache_moves.c; without it the moves run in numpy
     from nmt_serve.runtime import _cache_moves as native_cache_moves
 except ImportError:
     native_cache_moves = None
-from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH, SourceGroup, grown, narrow_name
-from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout
 
 INITIAL_ROWS = 8
 MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)
