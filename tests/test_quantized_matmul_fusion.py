@@ -68,8 +68,9 @@ def test_a_product_whose_output_others_read_keeps_its_epilogue(int8_dir: Path) -
 
 
 def product_model(rows: int, inner: int, width: int, rng: np.random.Generator, epilogue: str, zero_points: bool):
-    """One fused node alone on random 7-bit weights: x (rows, inner) -> (rows, width)."""
-    weight = rng.integers(-64, 64, (inner, width)).astype(np.int8)
+    """One fused node alone on random weights in [-64, 64] (ONNX Runtime's reduce-range levels, both ends included):
+    x (rows, inner) -> (rows, width)."""
+    weight = rng.integers(-64, 65, (inner, width)).astype(np.int8)
     scale = (rng.random(width, dtype=np.float32) * 0.01 + 1e-4).astype(np.float32)
     weight_zero_point = rng.integers(-3, 4, width).astype(np.int8) if zero_points else np.zeros(width, np.int8)
     bias = rng.standard_normal(width).astype(np.float32)
@@ -142,25 +143,45 @@ def test_quantized_matmul_kernel_matches_the_definition(native_kernels_library: 
     np.testing.assert_array_equal(session.run(None, feeds)[0], expected_output(x, weight, scale, zero_point, bias, residual, epilogue))
 
 
-def test_eight_bit_weights_on_avx2_tiles_are_refused(native_kernels_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vpmaddubsw's 16-bit pairs overflow with 8-bit weights: on the AVX2 tiles the kernel refuses them when the session
-    is made, naming why (the runtime then loads the graph as it is, with the library)."""
+@pytest.mark.parametrize("value", [-128, -65, 65, 127])
+def test_weights_past_64_on_avx2_tiles_are_refused(value: int, native_kernels_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vpmaddubsw's 16-bit pairs overflow with a weight past +-64: on the AVX2 tiles the kernel refuses it when the
+    session is made, naming why (the runtime then makes the session without its fusions)."""
     on_tiles("avx2", monkeypatch)
     model, *_ = product_model(2, 64, 32, np.random.default_rng(9), "none", zero_points=False)
     weight = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
     values = numpy_helper.to_array(weight).copy()
-    values[0, 0] = -128
+    values[0, 0] = value
     weight.CopyFrom(numpy_helper.from_array(values, "weight"))
-    with pytest.raises(Exception, match="8-bit weights need VNNI on this CPU"):
+    with pytest.raises(Exception, match=r"weights outside \[-64, 64\] need VNNI on this CPU"):
         kernel_session(model, native_kernels_library)
 
 
-@pytest.mark.parametrize("model", ["int8", "int8 with an int8 cache", "imported Marian int8", "imported NLLB int8"])
-def test_fused_graphs_give_the_stock_products_bits(model: str, native_kernels_library: Path, request: pytest.FixtureRequest,
+@pytest.mark.parametrize("path", list(TILE_PATHS))
+def test_weights_at_64_with_full_levels_are_exact(path: str, native_kernels_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The widest pairs the AVX2 tiles admit: weights of +64 and -64 (ONNX Runtime's reduce-range levels reach both) met by
+    levels 255 and 1 on every k, 2 x 255 x 64 = 32640 per 16-bit pair, and the sums of 256 k exact on every path."""
+    on_tiles(path, monkeypatch)
+    model, weight, scale, zero_point, bias = product_model(3, 256, 32, np.random.default_rng(11), "none", zero_points=False)
+    weight[:] = np.where(np.arange(32) % 2 == 0, 64, -64).astype(np.int8)
+    tensor = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
+    tensor.CopyFrom(numpy_helper.from_array(weight, "weight"))
+    x = np.stack([np.full(256, 3.5), np.full(256, -3.5), np.where(np.arange(256) % 2 == 0, 2.0, -2.0)]).astype(np.float32)
+    expected = expected_output(x, weight, scale, zero_point, bias, None, "none")
+    assert np.abs(expected[:2]).max() > 0
+    np.testing.assert_array_equal(kernel_session(model, native_kernels_library).run(None, {"x": x})[0], expected)
+
+
+@pytest.mark.parametrize("model,path", [("int8", "best"), ("int8", "avx2"), ("int8 with an int8 cache", "best"),
+                                        ("imported Marian int8", "best"), ("imported NLLB int8", "best")])  # fmt: skip
+def test_fused_graphs_give_the_stock_products_bits(model: str, path: str, native_kernels_library: Path, request: pytest.FixtureRequest,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Encoder and decoder with their weight products fused against the same graphs with ONNX Runtime's products (the
     other fusions in both): identical log-probs in every decoder call and identical cross keys and values (3 sources
-    of 24 positions: 72 encoder rows, past 16), and the fused nodes are what ran."""
+    of 24 positions: 72 encoder rows, past 16), and the fused nodes are what ran. On the CPU's best tiles, and on the
+    AVX2 tiles every supported CPU has (the exported weights reach +-64, the widest those tiles admit)."""
+    if path != "best":
+        on_tiles(path, monkeypatch)
     model_dir = model_dir_for(model, request, {"int8": "int8_dir", "int8 with an int8 cache": "int8_cache_dir"})
     fused, stock = with_and_without(model_dir, native_kernels_library, "int8 weight products", monkeypatch)
     counters = NativeKernels(native_kernels_library)

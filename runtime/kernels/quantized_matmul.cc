@@ -10,7 +10,7 @@
 // rows at every call); and the three to four nodes per product cost a dispatch each.
 //
 // Same bits as the nodes it replaces: the levels are RowQuantize's (row_quantization.h); the integer sums are exact
-// (7-bit weights cannot fill a 16-bit pair on AVX2, and VNNI sums in 32 bits); each output is then
+// (weights in [-64, 64] cannot overflow a 16-bit pair on AVX2, and VNNI sums in 32 bits); each output is then
 // (float(sum) * weight scale) * row scale, as MatMulIntegerToFloat rounds it with a per-row activation scale, then
 // + bias, + residual and max(0, .) in the graph's order, one rounding each.
 //
@@ -67,7 +67,9 @@ struct PackedWeights {
   std::vector<int32_t> column_offsets;   // inner * za * zb[n] - za * (sum over k of W[k][n])
   std::vector<int32_t> zero_points;      // zb[n]
   std::vector<float> scales, bias;
-  bool has_bias = false, any_zero_point = false, seven_bit = true;
+  // pairs_fit: every weight in [-64, 64], so that two u8 x s8 products fit vpmaddubsw's 16-bit lane (2 x 255 x 64 =
+  // 32640); ONNX Runtime's reduce-range quantization writes exactly that range, +64 included.
+  bool has_bias = false, any_zero_point = false, pairs_fit = true;
 };
 
 // One call's operands, as a tile reads them.
@@ -153,7 +155,7 @@ inline int32_t four_levels(const uint8_t* levels) {
   return packed;
 }
 
-// AVX2: per k-quad and 8 columns, vpmaddubsw adds pairs of u8 x s8 products in 16 bits (exact for 7-bit weights:
+// AVX2: per k-quad and 8 columns, vpmaddubsw adds pairs of u8 x s8 products in 16 bits (exact for weights in [-64, 64]:
 // 2 x 255 x 64 < 32767) and vpmaddwd the two pairs into 32 bits.
 template <int Rows, int Blocks>
 void tile_avx2(const Operands& op, int64_t row0, int64_t block0) {
@@ -393,7 +395,7 @@ PackedWeights pack(const Ort::ConstKernelInfo& info, int zero_point) {
     int32_t column_sum = 0;
     for (int64_t k = 0; k < w.inner; ++k) {
       const int8_t value = values[k * w.width + n];
-      w.seven_bit = w.seven_bit && value >= -64 && value <= 63;
+      w.pairs_fit = w.pairs_fit && value >= -64 && value <= 64;
       column_sum += value;
       w.values[static_cast<size_t>(((block * (w.inner_padded / kDepth) + k / kDepth) * kBlock + lane) * kDepth + k % kDepth)] = value;
     }
@@ -425,8 +427,9 @@ class QuantizedMatMulKernel {
     const std::string isa = cap ? cap : "";
     vnni_ = isa != "avx2" && cpu_has_vnni();
     amx_ = vnni_ && isa != "avx512-vnni" && amx_permitted();
-    // 8-bit weights would overflow vpmaddubsw's 16-bit pairs: without VNNI the session runs the stock nodes instead.
-    if (!vnni_ && !weights_.seven_bit) refuse("8-bit weights need VNNI on this CPU");
+    // Wider weights would overflow vpmaddubsw's 16-bit pairs: without VNNI the runtime then makes the session without
+    // its in-memory fusions (runtime/ort_step.py).
+    if (!vnni_ && !weights_.pairs_fit) refuse("weights outside [-64, 64] need VNNI on this CPU");
   }
 
   void Compute(OrtKernelContext* raw_context) {
