@@ -120,13 +120,15 @@ def kernel_session(model, library: Path) -> ort.InferenceSession:
 
 @pytest.mark.parametrize("path", list(TILE_PATHS))
 @pytest.mark.parametrize("epilogue", ["none", "bias", "relu", "residual"])
-@pytest.mark.parametrize("rows,inner,width", [(1, 256, 768), (3, 40, 24), (8, 1024, 40), (37, 100, 200), (64, 256, 64)])
+@pytest.mark.parametrize("rows,inner,width", [(1, 256, 768), (2, 64, 48), (3, 40, 24), (6, 72, 56), (8, 1024, 40), (37, 100, 200),
+                                                (64, 256, 64)])  # fmt: skip
 def test_quantized_matmul_kernel_matches_the_definition(native_kernels_library: Path, rows: int, inner: int, width: int,
                                                         epilogue: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The node alone against its definition, bit for bit, on each instruction set's tiles the CPU has: widths with a
-    ragged last block (24, 40, 200), inner sizes padded to the kernel's step (40, 100), weight zero points set, a row
-    of zeros, a row of values a few units in the last place from half way between two levels, and row counts from 1 to
-    64 (AMX from 8 rows, its last group of 16 padded)."""
+    ragged last block (24, 40, 200), inner sizes padded to the kernel's step (40, 72, 100), weight zero points set, a
+    row of zeros, a row of values a few units in the last place from half way between two levels, and row counts from 1
+    to 64 (AVX2: wide tiles at 1 and 2 rows, tall ones of 4 rows and their remainders from 3; AMX from 8 rows, its last
+    group of 16 padded)."""
     on_tiles(path, monkeypatch)
     rng = np.random.default_rng(rows * 7 + inner)
     model, weight, scale, zero_point, bias = product_model(rows, inner, width, rng, epilogue, zero_points=rows % 2 == 1)
