@@ -59,7 +59,7 @@ constexpr int kTileRowsVnni = 4;       // 4 rows x 4 blocks = 16 accumulators of
 // before the next block's, ran the products with outputs past L2 (the encoder's, the output projection from 32 rows)
 // 1.4x-1.5x as fast as the wide ones on an AMD EPYC with AVX2 only (the 256 x 768 product at 800 rows 28 -> 44 GMAC/s;
 // 256 x 8,000 at 32 and 128 rows 29-32 -> 45), level at 4 to 128 rows of the 256 x 768 and 1,024 x 256 products,
-// measured in one process; wide tiles stay at 1 and 2 rows (the output projection of one row 1.14x as fast as tall).
+// measured in one process; wide tiles stay at 1 and 2 rows (the one-row output projection ran at 0.88x on tall ones).
 constexpr int kWideRowsAvx2 = 2;
 constexpr int kTallRowsAvx2 = 4;
 constexpr int kTileBlocksAvx2 = 2;     // blocks per ParallelFor index
