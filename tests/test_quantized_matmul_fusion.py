@@ -89,6 +89,12 @@ def product_model(rows: int, inner: int, width: int, rng: np.random.Generator, e
     return model, weight, scale, weight_zero_point, bias
 
 
+def set_weight(model, weight: np.ndarray) -> None:  # model: a product_model ModelProto
+    """Replace the product's weight initializer with `weight`."""
+    tensor = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
+    tensor.CopyFrom(numpy_helper.from_array(weight, "weight"))
+
+
 def expected_output(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, weight_zero_point: np.ndarray, bias: np.ndarray,
                     residual: np.ndarray | None, epilogue: str) -> np.ndarray:  # fmt: skip
     """The definition in numpy's float32, each rounding in the stock nodes' order: the row's scale and levels as
@@ -150,11 +156,9 @@ def test_weights_past_64_on_avx2_tiles_are_refused(value: int, native_kernels_li
     """vpmaddubsw's 16-bit pairs overflow with a weight past +-64: on the AVX2 tiles the kernel refuses it when the
     session is made, naming why (the runtime then makes the session without its fusions)."""
     on_tiles("avx2", monkeypatch)
-    model, *_ = product_model(2, 64, 32, np.random.default_rng(9), "none", zero_points=False)
-    weight = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
-    values = numpy_helper.to_array(weight).copy()
-    values[0, 0] = value
-    weight.CopyFrom(numpy_helper.from_array(values, "weight"))
+    model, weight, *_ = product_model(2, 64, 32, np.random.default_rng(9), "none", zero_points=False)
+    weight[0, 0] = value
+    set_weight(model, weight)
     with pytest.raises(Exception, match=r"weights outside \[-64, 64\] need VNNI on this CPU"):
         kernel_session(model, native_kernels_library)
 
@@ -168,8 +172,7 @@ def test_weights_at_64_with_full_levels_are_exact(path: str, native_kernels_libr
     for rows in (2, 3):  # AVX2: the wide tiles take 2 rows, the tall ones 3
         model, weight, scale, zero_point, bias = product_model(rows, 256, 32, np.random.default_rng(11), "none", zero_points=False)
         weight[:] = np.where(np.arange(32) % 2 == 0, 64, -64).astype(np.int8)
-        tensor = next(tensor for tensor in model.graph.initializer if tensor.name == "weight")
-        tensor.CopyFrom(numpy_helper.from_array(weight, "weight"))
+        set_weight(model, weight)
         expected = expected_output(x[:rows], weight, scale, zero_point, bias, None, "none")
         assert np.abs(expected).max() > 0
         np.testing.assert_array_equal(kernel_session(model, native_kernels_library).run(None, {"x": x[:rows]})[0], expected)
