@@ -344,14 +344,14 @@ def test_a_real_burst_pauses_the_engines_once_and_counts_it(tiny_model_dir: Path
     """200 calls at once against a queue of 8: a burst by either rate (64 within 100 ms at the least), so the engines
     pause once (at most once a second, only at the burst's start) and nmt_burst_engine_pauses_total says so; with
     --burst-pause 0 it stays 0. Every call is answered, OK or refused. A machine busy with other work can deliver one
-    round of 200 to the handlers slower than either rate, so up to three rounds are sent, each after the once-a-second
-    limit has passed, until one pauses; --burst-pause 0 gets all three and must pause none."""
+    round of 200 to the handlers slower than either rate, so up to five rounds are sent, each after the once-a-second
+    limit has passed, until one pauses; --burst-pause 0 gets all five and must pause none."""
     settings = server_settings(tiny_model_dir, max_queued_requests=8, burst_pause=burst_pause)
     with RunningServer(settings) as server:
         channel, stub = server.stub()
         with channel:
             pauses, codes = 0.0, []
-            for _ in range(3):
+            for _ in range(5):
                 codes += send_burst(stub, 200)
                 pauses = total(scrape(server.server.metrics_port), "nmt_burst_engine_pauses_total")
                 if burst_pause and pauses >= 1:
