@@ -75,13 +75,16 @@ class Pausable(Protocol):
 
 class BurstHold:
     """`threshold`: places taken from which an admitted call may wait (0: never). arrived() is told of every call that
-    asks for a place, admitted or refused. `engines`, when given, start no step from a burst's start until it is over."""
+    asks for a place, admitted or refused. `engines`, when given, start no step from a burst's start until it is over,
+    told by either rate: `burst_calls` within `window_s`, or `rush_calls` within `rush_window_s`."""
 
     def __init__(self, scheduler: Places, threshold: int, burst_calls: int = BURST_CALLS, window_s: float = BURST_WINDOW_S,
-                 max_hold_s: float = MAX_HOLD_S, engines: Pausable | None = None, on_pause: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 max_hold_s: float = MAX_HOLD_S, engines: Pausable | None = None, on_pause: Callable[[], None] | None = None,
+                 rush_calls: int = RUSH_CALLS, rush_window_s: float = RUSH_WINDOW_S) -> None:  # fmt: skip
         self.scheduler = scheduler
         self.threshold = threshold
         self.window_s = window_s
+        self.rush_window_s = rush_window_s
         self.max_hold_s = max_hold_s
         self.engines = engines
         self.on_pause = on_pause  # told of each pause of the engines (metrics)
@@ -89,7 +92,7 @@ class BurstHold:
         self._burst_started: float | None = None  # monotonic time the burst going on now was first seen
         self._last_pause = -float("inf")  # monotonic time the engines were last paused
         self._arrivals: collections.deque[float] = collections.deque(maxlen=burst_calls)
-        self._recent: collections.deque[float] = collections.deque(maxlen=RUSH_CALLS)  # the last calls, for rushing()
+        self._recent: collections.deque[float] = collections.deque(maxlen=rush_calls)  # the last calls, for rushing()
         self._over: asyncio.Event | None = None  # set once the burst is over; shared by the calls waiting for it
         self._watcher: asyncio.Task[None] | None = None
 
@@ -119,8 +122,8 @@ class BurstHold:
         return all_within(self._arrivals, self.window_s, now)
 
     def rushing(self, now: float | None = None) -> bool:
-        """Whether the last RUSH_CALLS calls all arrived within RUSH_WINDOW_S of now: a burst told early."""
-        return all_within(self._recent, RUSH_WINDOW_S, now)
+        """Whether the last `rush_calls` calls all arrived within `rush_window_s` of now: a burst told early."""
+        return all_within(self._recent, self.rush_window_s, now)
 
     def applies(self) -> bool:
         """Whether a call admitted now waits."""
@@ -157,7 +160,7 @@ class BurstHold:
     async def _set_when_over(self, over: asyncio.Event) -> None:
         try:
             while self.in_burst() or self.rushing():
-                await asyncio.sleep(min(self.window_s, RUSH_WINDOW_S) / 8)
+                await asyncio.sleep(min(self.window_s, self.rush_window_s) / 8)
         finally:
             if self._over is over:
                 self._over = None
