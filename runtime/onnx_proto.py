@@ -81,8 +81,8 @@ def parse_model(data: bytes):  # -> ModelProto
 
 
 def make_node(op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, domain: str,
-              **attributes: float | int):  # -> NodeProto  # fmt: skip
-    """A node with float and int attributes (the only kinds the fused nodes take)."""
+              **attributes: float | int | list[int]):  # -> NodeProto  # fmt: skip
+    """A node with float, int and int-list attributes (the only kinds the fused nodes take)."""
     node = NodeProto(op_type=op_type, name=name, domain=domain)
     node.input.extend(inputs)
     node.output.extend(outputs)
@@ -91,8 +91,10 @@ def make_node(op_type: str, inputs: Iterable[str], outputs: Iterable[str], name:
     return node
 
 
-def add_attribute(node, key: str, value: float | int) -> None:
-    if isinstance(value, bool | int | np.integer):
+def add_attribute(node, key: str, value: float | int | list[int]) -> None:
+    if isinstance(value, list):
+        node.attribute.add(name=key, type=ATTRIBUTE_INTS).ints.extend(int(item) for item in value)
+    elif isinstance(value, bool | int | np.integer):
         node.attribute.add(name=key, i=int(value), type=ATTRIBUTE_INT)
     else:
         node.attribute.add(name=key, f=float(value), type=ATTRIBUTE_FLOAT)

@@ -54,5 +54,8 @@ const OrtCustomOp* candidate_top_k_op();  // the candidate rows' Gather and TopK
 uint64_t candidate_top_k_calls();
 const OrtCustomOp* packed_self_attention_op();  // the encoder's self-attention block on packed rows in one node (packed_self_attention.cc)
 uint64_t packed_self_attention_calls();
+const OrtCustomOp* packed_to_heads_op();  // an int8 encoder's packed rows to its attention heads in one node (head_layout.cc)
+const OrtCustomOp* heads_to_packed_op();  // and the weighted values' heads back to packed rows
+uint64_t head_layout_calls();
 
 }  // namespace nmt_kernels
