@@ -66,15 +66,16 @@ def node_kind(op_type: str, node_name: str) -> str:
 
 @dataclass
 class NodeTimes:
-    """Kernel microseconds of the decoder runs kept, by kind and by node."""
+    """Kernel microseconds of the runs kept, by kind, by node and by operator."""
 
     runs: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
     by_node: Counter[str] = field(default_factory=Counter)
+    by_op: Counter[str] = field(default_factory=Counter)
 
 
 def read_profile(path: Path, keep_last_runs: int) -> NodeTimes:
-    """The last `keep_last_runs` decoder runs of an ONNX Runtime profile file (earlier runs are warm-up)."""
+    """The last `keep_last_runs` runs of an ONNX Runtime profile file (earlier runs are warm-up)."""
     events = json.loads(path.read_text(encoding="utf-8"))
     runs = sorted((event for event in events if event.get("cat") == "Session" and event.get("name") == "model_run"), key=lambda event: event["ts"])
     kept = runs[-keep_last_runs:]
@@ -89,6 +90,7 @@ def read_profile(path: Path, keep_last_runs: int) -> NodeTimes:
         op_type = event.get("args", {}).get("op_name", "")
         times.by_kind[node_kind(op_type, name)] += event["dur"]
         times.by_node[f"{name} ({op_type})"] += event["dur"]
+        times.by_op[op_type] += event["dur"]
     return times
 
 
