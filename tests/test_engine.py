@@ -383,6 +383,37 @@ def test_row_placement_python_and_numpy_agree(continued: list[int]) -> None:
             assert place[row] == parent
 
 
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.data())
+def test_a_request_keeping_its_row_count_keeps_its_places(data: st.DataObject) -> None:
+    """With each request's places in the last call, Python and numpy still agree and rows still stay on the place they
+    continue; a request with as many rows as places (all still below the row count) gets exactly its own places back,
+    whichever parents its rows pick, so each place keeps its source."""
+    last_rows = data.draw(st.integers(1, 40))
+    old = data.draw(st.permutations(list(range(last_rows))))
+    cuts = sorted(data.draw(st.lists(st.integers(0, last_rows), max_size=6)))
+    held = [old[start:end] for start, end in zip([0, *cuts], [*cuts, last_rows], strict=True)] + [[]]  # the last: a new request
+    groups, origin = [], []
+    for places in held:
+        count = data.draw(st.integers(0, 6))
+        origin += data.draw(st.lists(st.sampled_from(places), min_size=count, max_size=count)) if places else [-1] * count
+        groups.append((count, places))
+    if not origin:
+        return
+    array = np.array(origin, dtype=np.int64)
+    place = place_rows_python(array, groups)
+    assert place.tolist() == place_rows_numpy(array, groups).tolist()
+    assert sorted(place.tolist()) == list(range(len(origin)))
+    for row, parent in enumerate(origin):
+        if 0 <= parent < len(origin) and parent not in origin[:row]:
+            assert place[row] == parent
+    first = 0
+    for count, places in groups:
+        if count == len(places) and all(where < len(origin) for where in places):
+            assert sorted(place[first : first + count].tolist()) == sorted(places)
+        first += count
+
+
 def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
                                                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Out of memory on the short path: the decoder call of a steady greedy step (only tokens fed) fails

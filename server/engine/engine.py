@@ -299,7 +299,7 @@ class Engine:
         origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined
                                  else job.row_ids if count == 1 == len(job.row_ids) else job.row_ids[job.local_parents]
                                  for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
-        place = place_rows(origin)
+        place = place_rows(origin, [(count, () if job.job_id in joined else job.row_ids) for job, count in zip(jobs, counts, strict=True)])
         parents = np.empty(rows, dtype=np.int64)
         parents[place] = origin
         tokens, slots, keys = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
@@ -319,7 +319,8 @@ class Engine:
         origin: list[int] = []
         for job, count in zip(jobs, counts, strict=True):
             origin += [-1] * count if job.job_id in joined else job.row_ids[job.local_parents].tolist()
-        place = place_rows_list(origin)
+        place = place_rows_list(origin, [(count, () if job.job_id in joined else job.row_ids.tolist())
+                                         for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
         rows = len(place)
         parents, tokens, slots, keys = [0] * rows, [0] * rows, [0] * rows, [0] * rows
         first = 0
