@@ -74,7 +74,7 @@ def place_rows_numpy(origin: np.ndarray, groups: Groups | None = None) -> np.nda
     place[stays] = origin[stays]
     taken = np.zeros(rows, dtype=bool)
     taken[place[stays]] = True
-    if groups:
+    if groups and len(stays) < rows:  # some row needs a hole
         _own_holes(place, taken, groups)
     place[place < 0] = np.flatnonzero(~taken)  # as many holes as rows without a place
     return place
