@@ -364,20 +364,24 @@ def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> 
 GREEDY_CANDIDATES = 2
 
 
-def advance_greedy_candidates(searchers: Sequence[GreedySearch], log_probs: list[list[float]],
-                              token_ids: list[list[int]]) -> list[np.ndarray | None]:
-    """advance_greedy from each row's best log-probs only: row i's GREEDY_CANDIDATES (or more) best values and their
-    token ids, best first, equal values lower id first (the decoder graph's TopK, `candidates_needed`). The same
-    results: the first is argmax's choice, and while EOS is banned (min_output_tokens) an EOS first gives way to the
-    second, the best of the rest with ties to the lower id as argmax breaks them. Plain lists, one row each: numpy
-    calls cost several microseconds each right after a decoder call. The caller passes live, batchable searchers (the
-    engine checks `batchable` as it picks them)."""
+def advance_greedy_candidates(searchers: Sequence[GreedySearch], log_probs: Sequence[float], token_ids: Sequence[int],
+                              stride: int) -> list[np.ndarray | None]:  # fmt: skip
+    """advance_greedy from each row's best log-probs only: flat lists holding, for row i, its `stride` (at least
+    GREEDY_CANDIDATES) best values and their token ids from item i * stride, best first, equal values lower id first
+    (the decoder graph's TopK, `candidates_needed`). The same results: the first is argmax's choice, and while EOS is
+    banned (min_output_tokens) an EOS first gives way to the second, the best of the rest with ties to the lower id as
+    argmax breaks them. Plain lists: numpy calls cost several microseconds each right after a decoder call. The caller
+    passes live, batchable searchers (the engine checks `batchable` as it picks them)."""
+    if stride < GREEDY_CANDIDATES:
+        raise ValueError(f"advance_greedy_candidates needs at least {GREEDY_CANDIDATES} candidates per row, got {stride}")
     results = []
-    for searcher, values, tokens in zip(searchers, log_probs, token_ids, strict=True):
-        token, value = tokens[0], values[0]
+    first = 0
+    for searcher in searchers:
+        token, value = token_ids[first], log_probs[first]
         if token == searcher.eos_id and len(searcher.rows[0]) < searcher.options.min_output_tokens:
-            token, value = tokens[1], values[1]
+            token, value = token_ids[first + 1], log_probs[first + 1]
         results.append(searcher.extend_one(token, searcher.score + value))
+        first += stride
     return results
 
 

@@ -329,9 +329,9 @@ def test_engine_rows_stay_in_place_and_a_leaving_request_moves_only_its_rows(run
     moved: list[int] = []
     real_arrange = StepCache.arrange
 
-    def arrange(cache: StepCache, parents: np.ndarray, *args: object) -> None:
-        continuing = parents >= 0
-        moved.append(int((parents[continuing] != np.flatnonzero(continuing)).sum()))
+    def arrange(cache: StepCache, parents: np.ndarray | list[int], *args: object) -> None:
+        continuing = np.asarray(parents) >= 0
+        moved.append(int((np.asarray(parents)[continuing] != np.flatnonzero(continuing)).sum()))
         real_arrange(cache, parents, *args)
 
     monkeypatch.setattr(StepCache, "arrange", arrange)

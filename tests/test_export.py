@@ -324,11 +324,36 @@ def test_export_decoder_returns_the_asked_rows_best_candidates(fp32_dir: Path) -
     expected_ids = np.argsort(-log_probs[[3, 1]], axis=1, kind="stable")[:, :5]
     assert ids.tolist() == expected_ids.tolist()
     assert np.array_equal(values, np.take_along_axis(log_probs[[3, 1]], expected_ids, axis=1))
+    assert cache.first_candidates(2) == (values.ravel().tolist(), ids.ravel().tolist(), 5)
+    assert cache.first_candidates(1) == (values[0].tolist(), ids[0].tolist(), 5)
     cache.arrange(np.arange(4), np.array([9, 9, 9, 9]), sources, sources, ort_step.cross, ort_step.src_mask)
     cache.run()
     assert [part.shape for part in cache.candidates()] == [(0, 0), (0, 0)]
     with pytest.raises(ValueError, match="candidate_count must be between 1 and"):
         cache.arrange(np.arange(4), np.array([9, 9, 9, 9]), sources, sources, ort_step.cross, ort_step.src_mask, np.array([0]), 100)
+
+
+def test_a_call_laid_out_from_lists_equals_one_laid_out_from_arrays(fp32_dir: Path) -> None:
+    """`arrange` takes lists for a few rows (the engine's beams) as it takes arrays: the same rows continued, moved and
+    new, the same sources and candidates give the same log-probs, candidates and positions, step after step, also once
+    the row buffers have grown."""
+    runs = {}
+    for kind in (np.array, list):
+        ort_step = OrtStep(fp32_dir)
+        ort_step.begin([[5, 6, 7], [8, 9]])
+        cache = ort_step.cache
+        results = []
+        layouts = [([-1, -1, -1], [1, 1, 1], [0, 1, 1]), ([0, 0, 2, 1], [4, 5, 6, 7], [0, 0, 1, 1]),
+                   ([0, 1, 2, 3], [8, 9, 10, 11], [0, 0, 1, 1]), ([3, 2, 2], [12, 13, 14], [1, 1, 1]),
+                   ([0, 1, 2, *[-1] * 7], list(range(15, 25)), [1, 1, 1, 0, 0, 0, 0, 1, 1, 1])]  # past the first buffers' rows  # fmt: skip
+        for parents, tokens, sources in layouts:
+            cache.arrange(kind(parents), kind(tokens), kind(sources), kind(sources), ort_step.cross, ort_step.src_mask,
+                          kind(list(range(len(parents)))), 3)  # fmt: skip
+            results.append((cache.run().copy(), *(part.copy() for part in cache.candidates()), cache.positions.copy()))
+        runs[kind] = results
+    for from_arrays, from_lists in zip(runs[np.array], runs[list], strict=True):
+        for array_part, list_part in zip(from_arrays, from_lists, strict=True):
+            assert np.array_equal(array_part, list_part)
 
 
 def test_export_variant_is_converted_and_has_parity_report(variant_dir: Path) -> None:

@@ -361,7 +361,7 @@ def advance_by_candidates(extra: int) -> Callable[[list[GreedySearch], np.ndarra
 
     def advance(searchers: list[GreedySearch], log_probs: np.ndarray) -> list[np.ndarray | None]:
         values, ids = onnx_top_k(log_probs, GREEDY_CANDIDATES + extra)
-        return advance_greedy_candidates(searchers, values.tolist(), ids.tolist())
+        return advance_greedy_candidates(searchers, values.ravel().tolist(), ids.ravel().tolist(), GREEDY_CANDIDATES + extra)
 
     return advance
 

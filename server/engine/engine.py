@@ -280,7 +280,8 @@ class Engine:
         self.active.extend(admitted)
         return {job.job_id for job in admitted}
 
-    def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _row_inputs(self, joined: set[int]) -> tuple[np.ndarray | list[int], np.ndarray | list[int], np.ndarray | list[int],
+                                                     np.ndarray | list[int]]:  # fmt: skip
         """Lay out the next call: per row, the source pool slot, source key (the job id), row continued (-1 = new), token fed.
 
         Rows stay where they are: a row continues in its own place (greedy rows, the first beam
@@ -312,7 +313,7 @@ class Engine:
         return slots, keys, parents, tokens
 
     def _few_row_inputs(self, joined: set[int], next_tokens: list[np.ndarray],
-                        counts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                        counts: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:  # fmt: skip
         """`_row_inputs` on lists, for at most PYTHON_PLACEMENT_ROWS rows (a beam or two): a few numpy calls per request
         rather than a dozen for the call."""
         jobs = self.active
@@ -331,8 +332,7 @@ class Engine:
             job.row_ids = np.array(job_places, dtype=np.int64)
             first += count
         self._rows_in_order = rows == len(jobs) and place == list(range(rows))
-        return (np.array(slots, dtype=np.int64), np.array(keys, dtype=np.int64), np.array(parents, dtype=np.int64),
-                np.array(tokens, dtype=np.int64))  # fmt: skip
+        return slots, keys, parents, tokens  # lists: the step cache lays out this few rows on lists
 
     def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
         """Requests that can advance from each row's best log-probs (the graph's TopK) instead of all V: the plain greedy
@@ -355,8 +355,8 @@ class Engine:
         rows = np.concatenate(row_ids) if row_ids else np.zeros(0, dtype=np.int64)
         return spans, rows, count
 
-    def _arrange(self, slots: np.ndarray, keys: np.ndarray, parents: np.ndarray, tgt_ids: np.ndarray,
-                 candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
+    def _arrange(self, slots: np.ndarray | list[int], keys: np.ndarray | list[int], parents: np.ndarray | list[int],
+                 tgt_ids: np.ndarray | list[int], candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
         arranging, copied = time.perf_counter(), self._cache.slots_copied
         self._cache.arrange(parents, tgt_ids, keys, slots, self._pool.cross, self._pool.src_mask, candidate_rows, candidate_count)
         self.profile.slots_copied += self._cache.slots_copied - copied
@@ -414,7 +414,9 @@ class Engine:
                 if job.on_tokens is not None:
                     notify(job.on_tokens, job, searcher.next_tokens)
                 still_active.append(job)
-        steady = len(still_active) == len(self.active) and all(isinstance(job.searcher, GreedySearch) for job in still_active)
+        # Every request advanced from the graph's TopK is a greedy one: the common steady case needs no look at each.
+        all_greedy = len(greedy) == len(still_active) or all(isinstance(job.searcher, GreedySearch) for job in still_active)
+        steady = len(still_active) == len(self.active) and all_greedy
         self._steady_greedy_jobs = len(still_active) if steady else 0
         self.active = still_active
         if not self.active:
@@ -428,10 +430,8 @@ class Engine:
         jobs = self._greedy_jobs
         if not jobs:
             return {}
-        values, ids = self._cache.candidates()
-        count = len(jobs)
-        chosen = advance_greedy_candidates([job.searcher for job in jobs], values[:count, :GREEDY_CANDIDATES].tolist(),  # type: ignore[misc]
-                                           ids[:count, :GREEDY_CANDIDATES].tolist())  # fmt: skip
+        values, ids, stride = self._cache.first_candidates(len(jobs))
+        chosen = advance_greedy_candidates([job.searcher for job in jobs], values, ids, stride)  # type: ignore[misc]
         return {job.job_id: result for job, result in zip(jobs, chosen, strict=True)}
 
     def _max_length(self, job: Job) -> int:
