@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -178,10 +179,30 @@ def make_processors(options: SearchOptions, eos_id: int) -> list[Processor]:
 # ---------------------------------------------------------------- searchers
 
 
+class ListBackedArray:
+    """A searcher's per-row array attribute kept as a Python list (`_` + its name): assigned an array, it stores the
+    items; read, it builds the array."""
+
+    def __init__(self, dtype: type[np.generic]) -> None:
+        self.dtype = dtype
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.items_name = "_" + name
+
+    def __get__(self, searcher: object, owner: type | None = None) -> np.ndarray:
+        return np.array(getattr(searcher, self.items_name), dtype=self.dtype)
+
+    def __set__(self, searcher: object, values: np.ndarray) -> None:
+        setattr(searcher, self.items_name, np.asarray(values, dtype=self.dtype).tolist())
+
+
 class Searcher:
     """One request's search state: `advance` consumes its rows' log-probs and picks the next rows.
 
-    Subclasses implement `_choose`, returning (parent row, token, raw score) choices.
+    Subclasses implement `_choose`, returning (parent row, token, raw score) choices. The rows' scores and next tokens
+    live in Python lists (`row_scores`, `next_tokens` build arrays from them when read; `next_token_list` is the list
+    itself): the engine advances every request at every step, and a numpy call costs several microseconds right after
+    a decoder call has flushed the CPU caches.
     """
 
     def __init__(self, options: SearchOptions, src_len: int, bos_id: int, eos_id: int, max_positions: int) -> None:
@@ -192,15 +213,23 @@ class Searcher:
         self.max_length = options.max_length(src_len, max_positions)
         self.processors = make_processors(options, eos_id)
         self.rows: list[tuple[int, ...]] = [()]  # live rows' generated tokens
-        self.row_scores = np.zeros(1)  # (k,) float64 raw sums
+        self._row_scores: list[float] = [0.0]
         self.finished: list[tuple[tuple[int, ...], float, FinishReason]] = []
-        self.next_tokens = self.initial_tokens()
+        self._next_tokens: list[int] = [self.bos_id]
         self.done = False
+
+    row_scores = ListBackedArray(np.float64)  # (k,) float64 raw sums
+    next_tokens = ListBackedArray(np.int64)
 
     def initial_tokens(self) -> np.ndarray:
         return np.array([self.bos_id], dtype=np.int64)
 
-    def advance(self, log_probs: np.ndarray) -> np.ndarray | None:
+    @property
+    def next_token_list(self) -> list[int]:
+        """The tokens the live rows are fed next, in row order: the searcher's own list, read, not changed."""
+        return self._next_tokens
+
+    def advance(self, log_probs: np.ndarray) -> list[int] | None:
         """log_probs (k, V) for this request's rows -> local parent rows (k',), or None once done."""
         if self.done:
             raise RuntimeError("advance() called on a finished searcher")
@@ -209,7 +238,7 @@ class Searcher:
         position = len(self.rows[0])
         if position < len(self.options.target_prefix):  # one row while forcing, see module docstring
             token = self.options.target_prefix[position]
-            return self._extend([(0, token, self.row_scores[0] + float(log_probs[0, token]))])
+            return self._extend([(0, token, self._row_scores[0] + float(log_probs[0, token]))])
         return self._extend(self._choose(log_probs))
 
     def hypotheses(self) -> list[Hypothesis]:
@@ -241,7 +270,7 @@ class Searcher:
     def _choose(self, log_probs: np.ndarray) -> list[tuple[int, int, float]]:
         raise NotImplementedError
 
-    def _extend(self, choices: list[tuple[int, int, float]]) -> np.ndarray | None:
+    def _extend(self, choices: list[tuple[int, int, float]]) -> list[int] | None:
         parents, rows, scores = [], [], []
         for parent, token, score in choices:
             if token == self.eos_id:
@@ -254,39 +283,16 @@ class Searcher:
             parents.append(parent)
             rows.append(tokens)
             scores.append(score)
-        self.rows, self.row_scores = rows, np.array(scores, dtype=np.float64)
-        self.next_tokens = np.array([tokens[-1] for tokens in rows], dtype=np.int64)
+        self.rows, self._row_scores, self._next_tokens = rows, scores, [tokens[-1] for tokens in rows]
         self.done = not rows or len(self.finished) >= self.options.beam_size
-        return None if self.done else np.array(parents, dtype=np.int64)
-
-
-class ListBackedArray:
-    """A searcher's per-row array attribute kept as a Python list (`_` + its name): assigned an array, it stores the
-    items; read, it builds the array."""
-
-    def __init__(self, dtype: type[np.generic]) -> None:
-        self.dtype = dtype
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.items_name = "_" + name
-
-    def __get__(self, searcher: object, owner: type | None = None) -> np.ndarray:
-        return np.array(getattr(searcher, self.items_name), dtype=self.dtype)
-
-    def __set__(self, searcher: object, values: np.ndarray) -> None:
-        setattr(searcher, self.items_name, np.asarray(values, dtype=self.dtype).tolist())
+        return None if self.done else parents
 
 
 class GreedySearch(Searcher):
     """One row; the best token each step.
 
-    Its row's score and next token live in Python lists of at most one item (`score`, `next_token`): the engine
-    advances every greedy request at every step, and a numpy scalar or one-item array costs several microseconds
-    right after a decoder call. `row_scores` and `next_tokens` are built from them when read.
+    Its row's score and next token are the one items of its lists (`score`, `next_token`).
     """
-
-    row_scores = ListBackedArray(np.float64)
-    next_tokens = ListBackedArray(np.int64)
 
     @property
     def score(self) -> float:
@@ -309,7 +315,7 @@ class GreedySearch(Searcher):
         options = self.options
         return options.repetition_penalty == 1.0 and options.no_repeat_ngram_size == 0 and len(self.rows[0]) >= len(options.target_prefix)
 
-    def extend_one(self, token: int, score: float) -> np.ndarray | None:
+    def extend_one(self, token: int, score: float) -> list[int] | None:
         """`_extend` for the one row of a greedy search, without the general path's lists (it runs per request per step)."""
         tokens = self.rows[0]
         if token == self.eos_id:
@@ -325,10 +331,10 @@ class GreedySearch(Searcher):
         return None
 
 
-FIRST_ROW = np.zeros(1, dtype=np.int64)  # a greedy row always continues its own row 0; shared, never written
+FIRST_ROW = [0]  # a greedy row always continues its own row 0; shared, never written
 
 
-def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> list[np.ndarray | None]:
+def advance_greedy(searchers: Sequence[GreedySearch], log_probs: np.ndarray) -> list[list[int] | None]:
     """advance() of many batchable greedy searchers at once; row i of the (n, V) log-probs is searchers[i]'s row.
 
     One argmax over all rows replaces n per-request calls (the engine's Python cost per step). The
@@ -365,7 +371,7 @@ GREEDY_CANDIDATES = 2
 
 
 def advance_greedy_candidates(searchers: Sequence[GreedySearch], log_probs: Sequence[float], token_ids: Sequence[int],
-                              stride: int) -> list[np.ndarray | None]:  # fmt: skip
+                              stride: int) -> list[list[int] | None]:  # fmt: skip
     """advance_greedy from each row's best log-probs only: flat lists holding, for row i, its `stride` (at least
     GREEDY_CANDIDATES) best values and their token ids from item i * stride, best first, equal values lower id first
     (the decoder graph's TopK, `candidates_needed`). The same results: the first is argmax's choice, and while EOS is
@@ -406,9 +412,10 @@ class BeamSearch(Searcher):
             return 0
         return 2 * options.beam_size + (len(self.rows[0]) < options.min_output_tokens)
 
-    def advance_candidates(self, log_probs: np.ndarray, token_ids: np.ndarray) -> np.ndarray | None:
+    def advance_candidates(self, log_probs: np.ndarray | memoryview, token_ids: np.ndarray | memoryview) -> list[int] | None:
         """`advance` from each row's best log-probs only: (k, >= candidates_needed) values and their token
-        ids, best first, ties to the lower id (ONNX TopK). Returns exactly what `advance` would."""
+        ids, best first, ties to the lower id (ONNX TopK), as arrays or 2-D memoryviews. Returns exactly what
+        `advance` would."""
         if self.done:
             raise RuntimeError("advance_candidates() called on a finished searcher")
         needed = self.candidates_needed
@@ -416,9 +423,9 @@ class BeamSearch(Searcher):
             raise ValueError(f"need {needed} candidates for each of {len(self.rows)} rows, got {log_probs.shape}")
         ban_eos = len(self.rows[0]) < self.options.min_output_tokens
         if native_beam_select is not None:
-            return self._extend(native_beam_select.choose(log_probs, token_ids, self.row_scores, needed, self.eos_id, ban_eos,
-                                                          self.options.beam_size, len(self.finished)))
-        values, tokens = log_probs[:, :needed], token_ids[:, :needed]
+            return self._extend(native_beam_select.choose(log_probs, token_ids, array("d", self._row_scores), needed, self.eos_id,
+                                                          ban_eos, self.options.beam_size, len(self.finished)))  # fmt: skip
+        values, tokens = np.asarray(log_probs)[:, :needed], np.asarray(token_ids)[:, :needed]
         totals = values + self.row_scores[:, None]  # float32 + float64, as _processed adds them
         if ban_eos:
             totals[tokens == self.eos_id] = -np.inf
@@ -515,7 +522,7 @@ def run_search(step: Step, src_ids: Sequence[Sequence[int]], searchers: Sequence
             if local_parents is not None:
                 next_active.append((request, len(local_parents)))
                 sources.append(np.full(len(local_parents), request, dtype=np.int64))
-                parents.append(local_parents + offset)  # local -> global row of this call
+                parents.append(np.asarray(local_parents, dtype=np.int64) + offset)  # local -> global row of this call
                 tokens.append(searcher.next_tokens)
             offset += num_rows
         active = next_active

@@ -46,8 +46,9 @@ MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, m
 INITIAL_LENGTH = 16
 # An idle engine keeps buffers up to this size (the next burst skips growing them) and frees larger ones.
 KEEP_BYTES = 64 << 20
-# Moves of at most this many rows x slots copy every used slot (cheaper than finding the slots a row
-# already shares with its origin, for a beam or two; measured with nmt-bench's beam cells).
+# Without the compiled moves, moves of at most this many rows x slots copy every used slot (in numpy, cheaper than
+# finding the slots a row already shares with its origin, for a beam or two; measured with nmt-bench's beam cells). The
+# compiled moves find them as they copy.
 SMALL_COPY_SLOTS = 64
 # Up to this many rows a call's rows are laid out on Python lists: cheaper than the dozen numpy calls on arrays of a
 # few items, each of which costs several microseconds right after a decoder call has flushed the CPU caches (the
@@ -151,6 +152,16 @@ class StepCache:
     def _view_candidates(self) -> None:
         self._candidate_value_items = memoryview(self._candidate_log_probs)
         self._candidate_id_items = memoryview(self._candidate_ids)
+        self._candidate_row_items = memoryview(self._candidate_rows)
+        self._candidate_item_views = self._candidate_item_views_of(*self._wanted)
+
+    def _candidate_item_views_of(self, wanted: int, count: int) -> tuple[memoryview, memoryview]:
+        """`candidates` as 2-D memoryviews of the same memory."""
+        size = wanted * count
+        if not size:  # memoryview casts no empty shape; nothing reads them then
+            return self._candidate_value_items[:0], self._candidate_id_items[:0]
+        return (self._candidate_value_items[:size].cast("B").cast("f", [wanted, count]),
+                self._candidate_id_items[:size].cast("B").cast(self._candidate_id_items.format, [wanted, count]))  # fmt: skip
 
     @property
     def capacity(self) -> tuple[int, int, int]:
@@ -244,33 +255,36 @@ class StepCache:
         if rows and rows == self.rows and parents == list(range(rows)):  # every row continues itself
             self._reserve(rows, self._longest + 1)
             return
-        cached = self._positions[: self.rows].tolist()
+        cached = self._position_items[: self.rows].tolist()
         positions = [cached[parent] if parent >= 0 else 0 for parent in parents] if self.rows else [0] * rows
         self._longest = max(positions, default=0)
         self._reserve(rows, self._longest + 1)
         moved = [row for row, parent in enumerate(parents) if parent >= 0 and parent != row]
         if moved:
             self._copy_rows(moved, [parents[row] for row in moved], [positions[row] for row in moved])
-        self._positions[:rows] = positions
+        items = self._position_items
+        for row, position in enumerate(positions):
+            items[row] = position
 
     def _copy_rows(self, destination: list[int], origin: list[int], lengths: list[int]) -> None:
         """Each destination row takes its origin row's `lengths` cached slots, from the first slot whose lineage differs."""
-        used = max(lengths)
         ids, block = self._slot_ids, self._kv_block
+        # Slots past an origin's length keep the destination's own data and numbers: both stay true.
+        # The engine moves a row only into a place whose row has no continuation (or a new place), so it
+        # never writes a row that another copy reads and copies can go straight across; other callers (a
+        # swap, say) get every origin read first.
+        across = set(destination).isdisjoint(origin)
+        if across and native_cache_moves is not None and block.flags.c_contiguous:
+            # A memcpy per (tensor, head) block of a move, from the first slot it finds differing: no numpy call.
+            self.slots_copied += native_cache_moves.copy_rows(block, ids, destination, origin, None, lengths)
+            return
+        used = max(lengths)
         if len(lengths) * used <= SMALL_COPY_SLOTS:  # a beam or two: finding the shared slots costs more than copying them
             firsts = [0] * len(lengths)
         else:
             numbers = ids[origin, :used]
             differs = (ids[destination, :used] != numbers) | (numbers == 0)  # 0: never proven equal
             firsts = np.where(differs.any(axis=1), differs.argmax(axis=1), used).tolist()
-        # Slots past an origin's length keep the destination's own data and numbers: both stay true.
-        # The engine moves a row only into a place whose row has no continuation (or a new place), so it
-        # never writes a row that another copy reads and copies can go straight across; other callers (a
-        # swap, say) get every origin read first.
-        across = set(destination).isdisjoint(origin)
-        if across and native_cache_moves is not None and block.flags.c_contiguous:  # a memcpy per (tensor, head) block of a move
-            self.slots_copied += native_cache_moves.copy_rows(block, ids, destination, origin, firsts, lengths)
-            return
         copies = [(row, from_row, start, end) for row, from_row, start, end
                   in zip(destination, origin, firsts, lengths, strict=True) if start < end]  # fmt: skip
         if across:
@@ -330,7 +344,7 @@ class StepCache:
             return by_call
         return np.concatenate([by_call, np.repeat(by_call[:, :1], queries - by_call.shape[1], axis=1)], axis=1)
 
-    def _arrange_candidates(self, candidate_rows: np.ndarray | None, count: int) -> None:
+    def _arrange_candidates(self, candidate_rows: np.ndarray | list[int] | None, count: int) -> None:
         wanted = 0 if candidate_rows is None or count <= 0 else len(candidate_rows)
         if wanted and not 0 < count <= min(MAX_CANDIDATES, self.vocab_size):
             raise ValueError(f"candidate_count must be between 1 and {min(MAX_CANDIDATES, self.vocab_size)}, got {count}")
@@ -343,7 +357,11 @@ class StepCache:
             self._candidate_ids = np.zeros(size * MAX_CANDIDATES, dtype=np.int64)
             self._view_candidates()
             self._forget_bindings()
-        if wanted:
+        if wanted and isinstance(candidate_rows, list) and wanted <= PYTHON_LAYOUT_ROWS:
+            items = self._candidate_row_items
+            for place, row in enumerate(candidate_rows):
+                items[place] = row
+        elif wanted:
             self._candidate_rows[:wanted] = candidate_rows
         if grown or self._wanted != (wanted, count):
             self._candidate_count[0] = count
@@ -351,10 +369,15 @@ class StepCache:
             size = wanted * count  # the views `candidates` returns, made when they change rather than at every step
             self._candidate_views = (self._candidate_log_probs[:size].reshape(wanted, count),
                                      self._candidate_ids[:size].reshape(wanted, count))  # fmt: skip
+            self._candidate_item_views = self._candidate_item_views_of(wanted, count)
 
     def candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """After `run`: (log-probs, token ids), each (len(candidate_rows), candidate_count), best first per row."""
         return self._candidate_views
+
+    def candidate_items(self) -> tuple[memoryview, memoryview]:
+        """`candidates` as 2-D memoryviews: a request's rows sliced from them cost no numpy call."""
+        return self._candidate_item_views
 
     def first_candidates(self, rows: int) -> tuple[list[float], list[int], int]:
         """After `run`: the first `rows` candidate rows' log-probs and token ids as flat lists, and the candidates per

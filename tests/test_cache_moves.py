@@ -32,13 +32,12 @@ def cache(rng: np.random.Generator, dtype: type, rows: int = 12, capacity: int =
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int8])
-@pytest.mark.parametrize("small_copy_slots", [0, 1000])
-def test_compiled_moves_give_the_numpy_moves(compiled: ModuleType, monkeypatch: pytest.MonkeyPatch, dtype: type,
-                                           small_copy_slots: int) -> None:
-    """Random moves between distinct rows, each from the first slot its lineage differs (or every used slot): the same
-    block, lineage and count either way; rows not written keep their bytes."""
-    monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", small_copy_slots)
-    rng = np.random.default_rng(small_copy_slots + np.dtype(dtype).itemsize)
+def test_compiled_moves_give_the_numpy_moves(compiled: ModuleType, monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """Random moves between distinct rows, each from the first slot its lineage differs (the compiled moves find it as
+    they copy; the numpy form, told to look for every move, with numpy): the same block, lineage and count either way;
+    rows not written keep their bytes."""
+    monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", 0)
+    rng = np.random.default_rng(np.dtype(dtype).itemsize)
     for _ in range(30):
         with_numpy = cache(rng, dtype)
         with_compiled = SimpleNamespace(_kv_block=with_numpy._kv_block.copy(), _slot_ids=with_numpy._slot_ids.copy(), slots_copied=0)
@@ -76,3 +75,19 @@ def test_bad_moves_are_refused(compiled: ModuleType) -> None:
     with pytest.raises(ValueError, match="int64"):
         compiled.copy_rows(block, ids.astype(np.int32), [0], [1], [0], [2])
     assert compiled.copy_rows(block, ids, [0], [1], [0], [4]) == 4
+    with pytest.raises(TypeError, match="firsts must be a list of ints or None"):
+        compiled.copy_rows(block, ids, [0], [1], (0,), [4])
+
+
+def test_moves_without_firsts_start_at_the_first_slot_whose_lineage_differs(compiled: ModuleType) -> None:
+    """firsts None: a move copies from its first slot whose number differs from its origin's, or is 0 (unknown)."""
+    block = np.arange(2 * 3 * 1 * 6 * 2, dtype=np.float32).reshape(2, 3, 1, 6, 2)
+    ids = np.array([[1, 2, 3, 4, 5, 6], [1, 2, 9, 4, 5, 6], [0, 0, 0, 0, 0, 0]], dtype=np.int64)
+    moved = block.copy()
+    assert compiled.copy_rows(moved, ids, [1], [0], None, [5]) == 3  # slots 2-4: slot 2 differs, the rest follow
+    np.testing.assert_array_equal(moved[:, 1, :, :2], block[:, 1, :, :2])
+    np.testing.assert_array_equal(moved[:, 1, :, 2:5], block[:, 0, :, 2:5])
+    np.testing.assert_array_equal(moved[:, 1, :, 5:], block[:, 1, :, 5:])
+    assert ids[1].tolist() == [1, 2, 3, 4, 5, 6]
+    assert compiled.copy_rows(moved, ids, [1], [0], None, [6]) == 0  # the same lineage now: nothing to copy
+    assert compiled.copy_rows(moved, ids, [0], [2], None, [2]) == 2  # 0 in the origin: never proven equal

@@ -26,6 +26,7 @@ from nmt_serve.runtime.manifest import ModelDirError, load_model_dir
 from nmt_serve.runtime.ort_step import OrtStep
 from nmt_serve.runtime.source_group import NARROW_SOURCE_WIDTH
 from nmt_serve.runtime.source_layout import MIN_QUERIES
+from tests.extensions import compiled_extension
 
 
 @pytest.fixture(scope="session")
@@ -178,15 +179,24 @@ def test_step_cache_buffers_grow_keeping_what_they_held() -> None:
     assert np.array_equal(narrowed[:2], block[:, :, :2]) and not narrowed[2:].any()
 
 
+@pytest.fixture(scope="module")
+def compiled_cache_moves(tmp_path_factory: pytest.TempPathFactory) -> object:
+    return compiled_extension("cache_moves", tmp_path_factory.mktemp("cache_moves"))
+
+
 @pytest.mark.parametrize("layout_rows", [0, step_cache.PYTHON_LAYOUT_ROWS])
 @pytest.mark.parametrize("small_copy_slots", [0, 1000])
+@pytest.mark.parametrize("compiled_moves", [False, True], ids=["numpy-moves", "compiled-moves"])
 def test_step_cache_moves_copy_only_the_slots_a_row_does_not_share(fp32_dir: Path, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    small_copy_slots: int, layout_rows: int) -> None:  # fmt: skip
+                                                                    request: pytest.FixtureRequest, small_copy_slots: int,
+                                                                    layout_rows: int, compiled_moves: bool) -> None:  # fmt: skip
     """Beams sharing a prefix: a row taking a sibling's hypothesis copies only the slots after the shared
-    ones (lineage path); small moves copy every used slot at once. A swap reads both rows first. Torch's
-    log-probs at every step either way, with the rows laid out on lists (at most PYTHON_LAYOUT_ROWS) or numpy."""
+    ones (lineage path); in numpy, small moves copy every used slot at once, and so does a swap, which reads both rows
+    first; the compiled moves find the shared slots of every move between distinct rows. Torch's log-probs at every
+    step either way, with the rows laid out on lists (at most PYTHON_LAYOUT_ROWS) or numpy."""
     monkeypatch.setattr(step_cache, "SMALL_COPY_SLOTS", small_copy_slots)
     monkeypatch.setattr(step_cache, "PYTHON_LAYOUT_ROWS", layout_rows)
+    monkeypatch.setattr(step_cache, "native_cache_moves", request.getfixturevalue("compiled_cache_moves") if compiled_moves else None)
     torch_step, ort_step = begin_both(fp32_dir, tiny_checkpoint, [[5, 6, 7, 8, 9, 10]])
     one, eight = np.zeros(1, dtype=np.int64), np.zeros(8, dtype=np.int64)
     calls = [(one, np.array([-1]), np.array([1]))] + [(one, np.array([0]), np.array([20 + step])) for step in range(5)]  # slots 0..5
@@ -200,10 +210,9 @@ def test_step_cache_moves_copy_only_the_slots_a_row_does_not_share(fp32_dir: Pat
         copied.append(ort_step.cache.slots_copied)
     steps = np.diff(copied).tolist()
     assert steps[6] == 7 * 6  # the fan-out: each new beam copies the first row's 6 slots
-    if small_copy_slots:
-        assert steps[-2:] == [4 * 10, 2 * 11]  # every used slot
-    else:
-        assert steps[-2:] == [4 * 4, 2 * 1]  # slots 6..9 (0..5 are shared), then only the last written slot
+    # Slots 6..9 (0..5 are shared), then only the last written slot; or every used slot.
+    assert steps[-2] == (4 * 10 if small_copy_slots and not compiled_moves else 4 * 4)
+    assert steps[-1] == (2 * 11 if small_copy_slots else 2 * 1)
 
 
 def test_export_cross_attention_reads_each_source_once_as_rows_come_and_go(fp32_dir: Path, tiny_checkpoint: Path) -> None:

@@ -389,7 +389,7 @@ def test_greedy_requests_advanced_together_equal_each_advance_alone(advance_toge
         banned_eos_first += sum(len(alone[i].rows[0]) < options[i].min_output_tokens and log_probs[i].argmax() == EOS for i in live)
         expected = [alone[i].advance(log_probs[i : i + 1]) for i in live]
         got = advance_together([together[i] for i in live], log_probs[live])
-        assert [None if e is None else e.tolist() for e in expected] == [None if g is None else g.tolist() for g in got]
+        assert [None if e is None else list(e) for e in expected] == [None if g is None else list(g) for g in got]
         assert [alone[i].rows for i in live] == [together[i].rows for i in live]
         assert [alone[i].row_scores.tolist() for i in live] == [together[i].row_scores.tolist() for i in live]
         assert [alone[i].next_tokens.tolist() for i in live] == [together[i].next_tokens.tolist() for i in live]
@@ -441,7 +441,7 @@ def test_beam_advance_from_candidates_equals_advance_from_all_log_probs(beam_siz
         got = from_candidates.advance_candidates(values, ids)  # type: ignore[attr-defined]
         assert (expected is None) == (got is None)
         if expected is not None:
-            assert expected.tolist() == got.tolist()
+            assert list(expected) == list(got)
         assert full.rows == from_candidates.rows and full.row_scores.tolist() == from_candidates.row_scores.tolist()
     assert from_candidates.done and full.hypotheses() == from_candidates.hypotheses()
 

@@ -34,11 +34,16 @@ static Py_ssize_t item(PyObject* list, Py_ssize_t index) {
 static PyObject* copy_rows(PyObject* module, PyObject* args) {
   (void)module;
   PyObject *block_object, *ids_object, *destination, *origin, *firsts, *lengths;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!", &block_object, &ids_object, &PyList_Type, &destination, &PyList_Type, &origin, &PyList_Type,
-                        &firsts, &PyList_Type, &lengths))
+  if (!PyArg_ParseTuple(args, "OOO!O!OO!", &block_object, &ids_object, &PyList_Type, &destination, &PyList_Type, &origin, &firsts,
+                        &PyList_Type, &lengths))
     return NULL;
   const Py_ssize_t moves = PyList_GET_SIZE(destination);
-  if (PyList_GET_SIZE(origin) != moves || PyList_GET_SIZE(firsts) != moves || PyList_GET_SIZE(lengths) != moves) {
+  const int find_firsts = firsts == Py_None;
+  if (!find_firsts && !PyList_Check(firsts)) {
+    PyErr_SetString(PyExc_TypeError, "firsts must be a list of ints or None");
+    return NULL;
+  }
+  if (PyList_GET_SIZE(origin) != moves || (!find_firsts && PyList_GET_SIZE(firsts) != moves) || PyList_GET_SIZE(lengths) != moves) {
     PyErr_SetString(PyExc_ValueError, "destination, origin, firsts and lengths must be lists of one length");
     return NULL;
   }
@@ -57,7 +62,8 @@ static PyObject* copy_rows(PyObject* module, PyObject* args) {
     failed = 1;
   }
   for (Py_ssize_t move = 0; move < moves && !failed; ++move) {
-    const Py_ssize_t row = item(destination, move), from = item(origin, move), first = item(firsts, move), end = item(lengths, move);
+    const Py_ssize_t row = item(destination, move), from = item(origin, move), end = item(lengths, move);
+    Py_ssize_t first = find_firsts ? 0 : item(firsts, move);
     if (PyErr_Occurred()) {
       failed = 1;
       break;
@@ -68,6 +74,11 @@ static PyObject* copy_rows(PyObject* module, PyObject* args) {
       failed = 1;
       break;
     }
+    int64_t* lineage = (int64_t*)ids.buf;
+    if (find_firsts) {  // the first slot whose lineage differs; 0 (never proven equal) differs from everything
+      const int64_t *have = lineage + row * ids.shape[1], *want = lineage + from * ids.shape[1];
+      while (first < end && want[first] != 0 && have[first] == want[first]) ++first;
+    }
     if (first >= end) continue;
     const size_t bytes = (size_t)((end - first) * slot_bytes);
     for (Py_ssize_t tensor = 0; tensor < tensors; ++tensor)
@@ -75,7 +86,6 @@ static PyObject* copy_rows(PyObject* module, PyObject* args) {
         char* base = (char*)block.buf + (tensor * rows * heads + head) * capacity * slot_bytes + first * slot_bytes;
         memcpy(base + row * heads * capacity * slot_bytes, base + from * heads * capacity * slot_bytes, bytes);
       }
-    int64_t* lineage = (int64_t*)ids.buf;
     memcpy(lineage + row * ids.shape[1] + first, lineage + from * ids.shape[1] + first, (size_t)(end - first) * sizeof(int64_t));
     copied += end - first;
   }
@@ -87,7 +97,8 @@ static PyObject* copy_rows(PyObject* module, PyObject* args) {
 static PyMethodDef methods[] = {
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(block, ids, destination, origin, firsts, lengths) -> slots copied: each destination row takes its origin row's "
-     "slots [first, length) of every (tensor, head) of the cache block and of the slot ids"},
+     "slots [first, length) of every (tensor, head) of the cache block and of the slot ids; firsts None: each move's first "
+     "slot whose lineage number differs (or is 0, unknown)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "_cache_moves",

@@ -214,7 +214,7 @@ class Engine:
         self.active = [job for job in self.active if job is not largest]
         self._finish(largest, Outcome.OUT_OF_MEMORY, MemoryError(OUT_OF_MEMORY_MESSAGE))
         for job in self.active:
-            job.local_parents = np.arange(job.rows)
+            job.local_parents = list(range(job.rows))
         self._steady_greedy_jobs = 0
 
     def _drop_leaving(self, now: float) -> None:
@@ -291,16 +291,18 @@ class Engine:
         rows after it.
         """
         jobs = self.active
-        next_tokens = [job.searcher.next_tokens for job in jobs]  # type: ignore[union-attr]
+        next_tokens = [job.searcher.next_token_list for job in jobs]  # type: ignore[union-attr]
         counts = [len(tokens) for tokens in next_tokens]
         rows = sum(counts)
         if rows <= PYTHON_PLACEMENT_ROWS:
             return self._few_row_inputs(joined, next_tokens, counts)
         # A request with one row before and after (greedy) continues its row: no index needed.
         origin = np.concatenate([np.full(count, -1, dtype=np.int64) if job.job_id in joined
-                                 else job.row_ids if count == 1 == len(job.row_ids) else job.row_ids[job.local_parents]
+                                 else np.asarray(job.row_ids) if count == 1 == len(job.row_ids)
+                                 else np.asarray(job.row_ids)[job.local_parents]
                                  for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
-        place = place_rows(origin, [(count, () if job.job_id in joined else job.row_ids) for job, count in zip(jobs, counts, strict=True)])
+        place = place_rows(origin, [(count, () if job.job_id in joined else np.asarray(job.row_ids))
+                                    for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
         parents = np.empty(rows, dtype=np.int64)
         parents[place] = origin
         tokens, slots, keys = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
@@ -312,29 +314,33 @@ class Engine:
         self._rows_in_order = rows == len(jobs) and bool((place == np.arange(rows)).all())
         return slots, keys, parents, tokens
 
-    def _few_row_inputs(self, joined: set[int], next_tokens: list[np.ndarray],
+    def _few_row_inputs(self, joined: set[int], next_tokens: list[list[int]],
                         counts: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:  # fmt: skip
-        """`_row_inputs` on lists, for at most PYTHON_PLACEMENT_ROWS rows (a beam or two): a few numpy calls per request
-        rather than a dozen for the call."""
+        """`_row_inputs` on lists, for at most PYTHON_PLACEMENT_ROWS rows (a beam or two): no numpy call; each request's
+        rows are kept as a list (`Job.row_ids`)."""
         jobs = self.active
         origin: list[int] = []
         for job, count in zip(jobs, counts, strict=True):
-            origin += [-1] * count if job.job_id in joined else job.row_ids[job.local_parents].tolist()
-        place = place_rows_list(origin, [(count, () if job.job_id in joined else job.row_ids.tolist())
+            if job.job_id in joined:
+                origin += [-1] * count
+            else:
+                row_ids = job.row_ids if isinstance(job.row_ids, list) else job.row_ids.tolist()
+                origin += [row_ids[parent] for parent in job.local_parents]
+        place = place_rows_list(origin, [(count, () if job.job_id in joined else list(job.row_ids))
                                          for job, count in zip(jobs, counts, strict=True)])  # fmt: skip
         rows = len(place)
         parents, tokens, slots, keys = [0] * rows, [0] * rows, [0] * rows, [0] * rows
         first = 0
         for job, count, job_tokens in zip(jobs, counts, next_tokens, strict=True):
             job_places = place[first : first + count]
-            for where, parent, token in zip(job_places, origin[first : first + count], job_tokens.tolist(), strict=True):
+            for where, parent, token in zip(job_places, origin[first : first + count], job_tokens, strict=True):
                 parents[where], tokens[where], slots[where], keys[where] = parent, token, job.slot, job.job_id
-            job.row_ids = np.array(job_places, dtype=np.int64)
+            job.row_ids = job_places
             first += count
         self._rows_in_order = rows == len(jobs) and place == list(range(rows))
         return slots, keys, parents, tokens  # lists: the step cache lays out this few rows on lists
 
-    def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, int]:
+    def _candidate_rows(self) -> tuple[dict[int, tuple[int, int]], np.ndarray | list[int], int]:
         """Requests that can advance from each row's best log-probs (the graph's TopK) instead of all V: the plain greedy
         ones first (`_greedy_jobs`, GREEDY_CANDIDATES each), then beam requests: {beam job id: (first, end) in the
         candidate rows}, the candidate rows, candidates per row."""
@@ -352,11 +358,12 @@ class Engine:
                 filled += len(job.row_ids)
                 row_ids.append(job.row_ids)
                 count = max(count, needed)
-        rows = np.concatenate(row_ids) if row_ids else np.zeros(0, dtype=np.int64)
-        return spans, rows, count
+        if filled <= PYTHON_PLACEMENT_ROWS:  # the few-row layout's lists, kept a list: no numpy call
+            return spans, [row for ids in row_ids for row in (ids if isinstance(ids, list) else ids.tolist())], count
+        return spans, np.concatenate(row_ids), count
 
     def _arrange(self, slots: np.ndarray | list[int], keys: np.ndarray | list[int], parents: np.ndarray | list[int],
-                 tgt_ids: np.ndarray | list[int], candidate_rows: np.ndarray, candidate_count: int) -> None:  # fmt: skip
+                 tgt_ids: np.ndarray | list[int], candidate_rows: np.ndarray | list[int], candidate_count: int) -> None:  # fmt: skip
         arranging, copied = time.perf_counter(), self._cache.slots_copied
         self._cache.arrange(parents, tgt_ids, keys, slots, self._pool.cross, self._pool.src_mask, candidate_rows, candidate_count)
         self.profile.slots_copied += self._cache.slots_copied - copied
@@ -392,7 +399,7 @@ class Engine:
 
     def _advance(self, log_probs: np.ndarray, candidate_jobs: dict[int, tuple[int, int]]) -> None:
         greedy = self._advance_greedy()
-        candidate_log_probs, candidate_ids = self._cache.candidates()
+        candidate_log_probs, candidate_ids = self._cache.candidate_items()
         still_active = []
         for job in self.active:
             searcher = job.searcher

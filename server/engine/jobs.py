@@ -33,8 +33,9 @@ class Job:
     searcher: Searcher | None = None
     slot: int = -1  # row of the cross-K/V pool holding this request's source
     rows: int = 0  # rows in the next decoder call
-    local_parents: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rows continued, local
-    row_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its rows in the last decoder call, local order
+    local_parents: list[int] = field(default_factory=list)  # rows continued, local
+    # Its rows in the last decoder call, local order: a list where the call had at most PYTHON_PLACEMENT_ROWS rows.
+    row_ids: np.ndarray | list[int] = field(default_factory=list)
     steps: int = 0
     cancel_requested: bool = False
     outcome: Outcome | None = None
