@@ -106,10 +106,14 @@ def packed_layout(lengths: list[int], width: int) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize("lengths,width,heads,head_size,transposed", [([5, 2, 7], 7, 4, 64, [0, 1, 0]), ([1], 1, 2, 8, [0, 1, 0]),
-                                                                       ([3, 9], 12, 3, 16, [0, 0, 0, 0, 0, 0])])  # fmt: skip
+                                                                       ([3, 9], 12, 3, 16, [0, 0, 0, 0, 0, 0]),
+                                                                       ([19, 4, 16], 19, 2, 64, [0, 1, 0]),
+                                                                       ([8, 21], 21, 3, 12, [1, 0, 1])])  # fmt: skip
 def test_packed_to_heads_matches_its_definition(native_kernels_library: Path, lengths: list[int], width: int, heads: int,
                                                 head_size: int, transposed: list[int]) -> None:  # fmt: skip
-    """The stock nodes' definition in numpy: gather the grid's rows, split, heads to (N, H, S, Dh) or (N, H, Dh, S)."""
+    """The stock nodes' definition in numpy: gather the grid's rows, split, heads to (N, H, S, Dh) or (N, H, Dh, S); the
+    transposed parts at widths of whole blocks of eight positions and with a tail past them, and head sizes a multiple
+    of eight or not."""
     grid, _ = packed_layout(lengths, width)
     parts, sources = len(transposed), len(lengths)
     rows = np.random.default_rng(3).standard_normal((1, sum(lengths), parts * heads * head_size)).astype(np.float32)

@@ -11,9 +11,14 @@
 //
 // Why: these nodes only move data, yet ONNX Runtime's Transpose, Split and Gather took 21% of the int8 encoder's kernel
 // time at batch 32 (AMD EPYC with AVX-512 VNNI, one thread), each writing a whole tensor that the next one reads
-// again. Here each float is read once and written once, in place of its last destination. The products, scores and
-// softmax between them stay ONNX Runtime's own: the values are copied, never computed, so the bits are the stock
-// nodes'.
+// again. Here each float is read once and written once, in place of its last destination. The keys' (N, H, Dh, S)
+// layout is written eight positions by eight values at a time, transposed in registers: one float at a time, each
+// store went to another line, and the int8 encoder call took 1.01x-1.09x as long at batch 8 and 1.04x-1.08x at batch
+// 32 (Intel Xeon with AMX, one thread, three comparisons of the two libraries interleaved in one process; the same
+// bits). The products, scores and softmax between them stay ONNX Runtime's own:
+// the values are copied, never computed, so the bits are the stock nodes'.
+
+#include <immintrin.h>
 
 #include <atomic>
 #include <cstdint>
@@ -51,6 +56,48 @@ struct ToHeadsTask {
   std::vector<float*> parts;
 };
 
+// Eight rows of eight floats transposed in registers: rows[r][c] -> out[c * stride + r].
+inline void transpose8x8(const float* const rows[8], int64_t column, float* out, int64_t stride) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + column);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {  // r[i] holds columns i and i + 4 of rows 0-3, r[i + 4] the same of rows 4-7
+    _mm256_storeu_ps(out + i * stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+// One source's heads of one transposed part, (H, Dh, S): eight positions by eight of a head's values at a time in
+// registers, so each store writes eight consecutive positions (one float at a time, every store missed a new line).
+void keys_for_source(const ToHeadsTask& task, int64_t n, int64_t part, int64_t width) {
+  const int64_t positions = task.positions, size = task.head_size, model = task.heads * size;
+  const int64_t blocked = positions / 8 * 8, columns = size / 8 * 8;
+  for (int64_t h = 0; h < task.heads; ++h) {
+    float* head = task.parts[part] + (n * task.heads + h) * positions * size;
+    const int64_t offset = part * model + h * size;
+    for (int64_t s = 0; s < blocked; s += 8) {
+      const float* rows[8];
+      for (int i = 0; i < 8; ++i) rows[i] = task.rows + task.grid[n * positions + s + i] * width + offset;
+      for (int64_t d = 0; d < columns; d += 8) transpose8x8(rows, d, head + d * positions + s, positions);
+      for (int64_t d = columns; d < size; ++d)
+        for (int i = 0; i < 8; ++i) head[d * positions + s + i] = rows[i][d];
+    }
+    for (int64_t s = blocked; s < positions; ++s) {
+      const float* from = task.rows + task.grid[n * positions + s] * width + offset;
+      for (int64_t d = 0; d < size; ++d) head[d * positions + s] = from[d];
+    }
+  }
+}
+
 void to_heads_for_source(void* raw_task, size_t source) {
   const ToHeadsTask& task = *static_cast<const ToHeadsTask*>(raw_task);
   const int64_t model = task.heads * task.head_size, n = static_cast<int64_t>(source);
@@ -58,17 +105,15 @@ void to_heads_for_source(void* raw_task, size_t source) {
   for (int64_t s = 0; s < task.positions; ++s) {
     const float* row = task.rows + task.grid[n * task.positions + s] * width;
     for (int64_t part = 0; part < parts; ++part) {
+      if (task.transposed[part]) continue;
       for (int64_t h = 0; h < task.heads; ++h) {
-        const float* from = row + part * model + h * task.head_size;
         float* head = task.parts[part] + (n * task.heads + h) * task.positions * task.head_size;
-        if (!task.transposed[part]) {
-          std::memcpy(head + s * task.head_size, from, sizeof(float) * task.head_size);
-        } else {
-          for (int64_t d = 0; d < task.head_size; ++d) head[d * task.positions + s] = from[d];
-        }
+        std::memcpy(head + s * task.head_size, row + part * model + h * task.head_size, sizeof(float) * task.head_size);
       }
     }
   }
+  for (int64_t part = 0; part < parts; ++part)
+    if (task.transposed[part]) keys_for_source(task, n, part, width);
 }
 
 class PackedToHeadsKernel {
