@@ -1,9 +1,12 @@
 """Compile the engine's host work in C (runtime/kernels/*.c) into the CPython extensions the engine imports.
 
-Two: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py) and the step
-cache's row moves (cache_moves.c -> runtime/_cache_moves, imported by runtime/step_cache.py). They need only a C
-compiler and this Python's headers (Debian: python3-dev), no ONNX Runtime headers, so nmt-build-kernels builds them even
-where the attention kernels cannot be. Without them the same work runs in numpy, with the same results.
+Three: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py), the step
+cache's row moves (cache_moves.c -> runtime/_cache_moves, imported by runtime/step_cache.py) and the thread's float mode
+(float_mode.c -> runtime/_float_mode, imported by server/engine/engine.py, which flushes denormals around its calls).
+They need only a C compiler and this Python's headers (Debian: python3-dev), no ONNX Runtime headers, so nmt-build-kernels
+builds them even where the attention kernels cannot be. Without the first two the same work runs in numpy, with the
+same results; without the third the engine's calls keep the thread's mode, also with the same results, slower where
+a log-softmax meets denormal floats.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ class Extension:
 
 BEAM_SELECT = Extension("beam search's choice", KERNELS_DIR / "beam_select.c", PACKAGE_DIR / "model" / f"_beam_select{SUFFIX}")
 CACHE_MOVES = Extension("the step cache's row moves", KERNELS_DIR / "cache_moves.c", PACKAGE_DIR / "runtime" / f"_cache_moves{SUFFIX}")
-EXTENSIONS = (BEAM_SELECT, CACHE_MOVES)
+FLOAT_MODE = Extension("denormals flushed in the engine's calls", KERNELS_DIR / "float_mode.c",
+                       PACKAGE_DIR / "runtime" / f"_float_mode{SUFFIX}")
+EXTENSIONS = (BEAM_SELECT, CACHE_MOVES, FLOAT_MODE)
 
 
 class ExtensionBuildError(RuntimeError):

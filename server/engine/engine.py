@@ -27,6 +27,11 @@ from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_r
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.engine.source_pool import SourcePool
 
+try:  # built by nmt-build-kernels from runtime/kernels/float_mode.c; without it the calls keep the thread's mode
+    from nmt_serve.runtime import _float_mode as float_mode
+except ImportError:
+    float_mode = None
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,6 +93,9 @@ class Engine:
         self._waited_steps = 0  # steps the pending requests have waited to join a running batch (EngineLimits.join_wait_steps)
         self.active: list[Job] = []
         self.profile = StepProfile()
+        # A step's ONNX Runtime calls run on this thread; on the CPU they flush denormal floats to zero (the same bits,
+        # much faster where a log-softmax meets them: runtime/kernels/float_mode.c), and the step puts the mode back.
+        self._flushes_denormals = float_mode is not None and runtime.provider == "CPUExecutionProvider"
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
         self._rows_in_order = False  # the last layout put the rows 0..n-1 in job order, one per job (greedy alone)
         # After a step whose requests were all greedy and none left: how many there were (0 otherwise). If
@@ -144,9 +152,12 @@ class Engine:
         """Admit, drop, run one decoder call for all live rows, advance every searcher."""
         started = time.perf_counter()
         self._last_rows, self._last_padding = 0, 0.0
+        mode = float_mode.flush_denormals() if self._flushes_denormals else None
         try:
             self._step()
         finally:
+            if mode is not None:
+                float_mode.restore(mode)
             seconds = time.perf_counter() - started
             self.profile.steps += 1
             self.profile.total_s += seconds

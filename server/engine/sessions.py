@@ -19,6 +19,11 @@ from nmt_serve.runtime.ort_step import available_providers, make_session
 from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_model_dir
 from nmt_serve.runtime.step_cache import StepCache
 
+try:  # built by nmt-build-kernels from runtime/kernels/float_mode.c (the engine flushes denormals with it)
+    from nmt_serve.runtime import _float_mode as float_mode
+except ImportError:
+    float_mode = None
+
 logger = logging.getLogger(__name__)
 
 
@@ -86,8 +91,10 @@ class Runtime:
             ran = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else "nothing")
             logger.info("native kernels (%s) ran the %s; ONNX Runtime's own kernels the rest", self.native_kernels.path, ran)
         compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves}
-        logger.info("the engine's host work: %s", ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}"
-                                                             for what, module in compiled.items()))  # fmt: skip
+        parts = ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}"
+                          for what, module in compiled.items())
+        flushing = "flush denormal floats" if float_mode else "keep the thread's float mode (`make kernels` builds the switch)"
+        logger.info("the engine's host work: %s; its calls %s", parts, flushing)
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)
