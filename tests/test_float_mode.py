@@ -14,6 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from nmt_serve.model.search import SearchOptions
+from nmt_serve.runtime import ort_step
+from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.step_cache import StepCache
 from nmt_serve.server.engine import engine as engine_module
 from nmt_serve.server.engine.engine import Engine
@@ -92,4 +94,15 @@ def test_an_engine_step_runs_its_calls_flushed_and_restores_the_mode(float_mode:
     engine.run_until_idle()
     assert job.hypotheses and len(modes) >= 4
     assert all(mode & FLUSH_BITS == FLUSH_BITS for mode in modes)
+    assert control(float_mode.mode()) == control(before)
+
+
+def test_making_a_cpu_session_leaves_the_thread_s_mode_as_it_was(float_mode: ModuleType, tiny_model_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """ONNX Runtime's session.set_denormal_as_zero flushes on the thread that makes the session too, for good; the
+    session's maker puts that thread's mode back, so only the pool threads and the engine's steps flush."""
+    monkeypatch.setattr(ort_step, "float_mode", float_mode)
+    before = float_mode.mode()
+    assert before & FLUSH_BITS == 0
+    make_session(tiny_model_dir / "decoder.onnx", ["CPUExecutionProvider"], threads=1)
     assert control(float_mode.mode()) == control(before)
