@@ -27,6 +27,7 @@ from nmt_serve.model.corpus import read_tsv
 from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY
 from nmt_serve.runtime.ort_step import available_providers
 from nmt_serve.server.engine.jobs import StepProfile
+from nmt_serve.server.engine.sessions import host_work_description
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ def time_cells(systems: list[System], sources: list[list[int]], cells: list[Cell
 
 def format_table(title: str, systems: list[System], cells: list[Cell], results: dict[tuple[Cell, str], list[float]]) -> str:
     names = [system.name for system in systems]
-    lines = [f"### {title}", "", "Median target tokens/s (ratio of fp32 and fp16 to the best fp32 peer; of int8 to CTranslate2 int8).", ""]
+    lines = [f"### {title}", "", "Median target tokens/s (ratio of fp32 and fp16 to the best fp32 peer; of int8 to CTranslate2 int8).",
+             f"The nmt-serve engine's host work: {host_work_description()}.", ""]
     lines.append("| batch | beam | " + " | ".join(names) + " |")
     lines.append("|---|---|" + "---|" * len(names))
     for cell in cells:

@@ -14,6 +14,7 @@ from nmt_serve.bench.report import describe_gpu, write_report
 from nmt_serve.bench.systems import Cell, EngineSystem, TorchSystem
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.runtime.host import cpu_facts, describe_cpu
+from nmt_serve.server.engine.sessions import host_work_description
 
 SOURCES = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
@@ -27,6 +28,9 @@ def test_bench_systems_generate_the_forced_length_and_fill_the_table(tiny_checkp
     assert all(len(values) == 2 and min(values) > 0 for values in results.values())
     table = format_table("tiny", systems, cells, results)
     assert "| 3 | 1 |" in table and "x)" in table
+    # The report says what the engine's host work ran on: compiled or numpy, flushing or not.
+    assert f"The nmt-serve engine's host work: {host_work_description()}." in table.splitlines()
+    assert "beam search's choice" in host_work_description() and "its calls" in host_work_description()
 
 
 def test_bench_engine_system_with_two_engines_splits_the_batch(tiny_model_dir: Path) -> None:

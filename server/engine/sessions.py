@@ -27,6 +27,15 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 
+def host_work_description() -> str:
+    """What the engine's host work runs on in this process, as the start-up log and the benchmark reports say it:
+    beam search's choice and the cache moves compiled or in numpy, and whether the engine's calls flush denormals."""
+    compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves}
+    parts = ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}" for what, module in compiled.items())
+    flushing = "flush denormal floats" if float_mode else "keep the thread's float mode (`make kernels` builds the switch)"
+    return f"{parts}; its calls {flushing}"
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     providers: tuple[str, ...] = ()  # empty = CUDA first when a driver is present, else CPU
@@ -90,11 +99,7 @@ class Runtime:
             names = [name.replace("_", "-") for name in self.kernels_in_use]
             ran = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else "nothing")
             logger.info("native kernels (%s) ran the %s; ONNX Runtime's own kernels the rest", self.native_kernels.path, ran)
-        compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves}
-        parts = ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}"
-                          for what, module in compiled.items())
-        flushing = "flush denormal floats" if float_mode else "keep the thread's float mode (`make kernels` builds the switch)"
-        logger.info("the engine's host work: %s; its calls %s", parts, flushing)
+        logger.info("the engine's host work: %s", host_work_description())
         self.ready = True
         seconds = time.perf_counter() - started
         logger.info("warm-up on %s: %d rows x %d source tokens in %.2f s", self.provider, rows, src_len, seconds)
