@@ -2,7 +2,7 @@
 
 Three: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py), the step
 cache's row moves (cache_moves.c -> runtime/_cache_moves, imported by runtime/step_cache.py) and the thread's float mode
-(float_mode.c -> runtime/_float_mode, imported by server/engine/engine.py, which flushes denormals around its calls).
+(float_mode.c -> runtime/_float_mode, imported by runtime/float_mode.py: the engine flushes denormals around its calls).
 They need only a C compiler and this Python's headers (Debian: python3-dev), no ONNX Runtime headers, so nmt-build-kernels
 builds them even where the attention kernels cannot be. Without the first two the same work runs in numpy, with the
 same results; without the third the engine's calls keep the thread's mode, also with the same results, slower where

@@ -10,14 +10,10 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_serve.model.padding import pad_sources
+from nmt_serve.runtime import float_mode
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
 from nmt_serve.runtime.native_fusions import fused_model_bytes
 from nmt_serve.runtime.step_cache import StepCache
-
-try:  # built by nmt-build-kernels from runtime/kernels/float_mode.c
-    from nmt_serve.runtime import _float_mode as float_mode
-except ImportError:
-    float_mode = None
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +72,8 @@ def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: s
     # (runtime/kernels/float_mode.c): a log-softmax over widely spread logits gives the same bits, much faster. ONNX
     # Runtime sets the flush on the thread that makes the session as well, for good; that thread's mode is put back
     # below, so the option is set only where the switch that puts it back is built.
-    flushing_pool = chosen[0] == "CPUExecutionProvider" and float_mode is not None
-    if flushing_pool:
+    switch = float_mode.native_float_mode if chosen[0] == "CPUExecutionProvider" else None
+    if switch is not None:
         options.add_session_config_entry("session.set_denormal_as_zero", "1")
     # ONNX Runtime's CPU SkipLayerNormalization kernel is ~4x slower per row than the Add + LayerNormalization
     # it replaces (measured: encoder int8 6.1 -> 4.4 ms at 8 x 20 tokens without the fusion, outputs equal).
@@ -85,14 +81,14 @@ def _make_session(path: Path, chosen: list[str], threads: int, profile_prefix: s
     # CUDA multiplies fp32 matrices in TF32 (10-bit mantissas) by default: the default model's log-probs then moved
     # by up to 4.2e-3 from the CPU's, past the fp32 self-check's bound of 1e-3. fp32 means fp32 here.
     with_options: list[str | tuple[str, dict[str, str]]] = [(name, {"use_tf32": "0"}) if name == "CUDAExecutionProvider" else name for name in chosen]
-    thread_mode = float_mode.mode() if flushing_pool else None
+    thread_mode = switch.mode() if switch is not None else None
     try:
         session = ort.InferenceSession(model_bytes or str(path), options, providers=with_options, disabled_optimizers=disabled)
     except Exception as error:  # ORT raises several private exception types; all mean "unusable file"
         raise ValueError(f"{Path(path).name}: onnxruntime cannot load it: {error}") from error
     finally:
-        if thread_mode is not None:
-            float_mode.restore(thread_mode)
+        if switch is not None:
+            switch.restore(thread_mode)
     logger.info("%s runs on %s", Path(path).name, session.get_providers()[0])
     return session
 

@@ -14,10 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from nmt_serve.model.search import SearchOptions
-from nmt_serve.runtime import ort_step
+from nmt_serve.runtime import float_mode as float_mode_module
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.runtime.step_cache import StepCache
-from nmt_serve.server.engine import engine as engine_module
 from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 from tests.extensions import compiled_extension
@@ -78,7 +77,7 @@ def test_a_log_softmax_over_widely_spread_logits_gives_the_same_bits_flushed(flo
 def test_an_engine_step_runs_its_calls_flushed_and_restores_the_mode(float_mode: ModuleType, tiny_model_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Each decoder call of a request sees the flushing mode; after the steps the thread's mode is what it was."""
-    monkeypatch.setattr(engine_module, "float_mode", float_mode)
+    monkeypatch.setattr(float_mode_module, "native_float_mode", float_mode)
     modes: list[int] = []
     real_run = StepCache.run
 
@@ -101,7 +100,7 @@ def test_making_a_cpu_session_leaves_the_thread_s_mode_as_it_was(float_mode: Mod
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """ONNX Runtime's session.set_denormal_as_zero flushes on the thread that makes the session too, for good; the
     session's maker puts that thread's mode back, so only the pool threads and the engine's steps flush."""
-    monkeypatch.setattr(ort_step, "float_mode", float_mode)
+    monkeypatch.setattr(float_mode_module, "native_float_mode", float_mode)
     before = float_mode.mode()
     assert before & FLUSH_BITS == 0
     make_session(tiny_model_dir / "decoder.onnx", ["CPUExecutionProvider"], threads=1)

@@ -5,8 +5,9 @@
 // each such product or sum takes a microcode assist on x86: ONNX Runtime's LogSoftmax over 128 rows of 58,101 logits
 // spread like an untrained OPUS-MT-sized model's took 43.5 ms, and 10.2 ms with denormals flushed, its output bit for
 // bit the same (a term below 1e-38 changes no float sum that holds the row's largest term, 1). ONNX Runtime's own
-// session option (session.set_denormal_as_zero) sets only its pool threads, and a session on one thread computes on
-// the caller's.
+// session option (session.set_denormal_as_zero) sets its pool threads and, for good, the thread that makes the
+// session, not a thread that only runs it, as the engine's worker does (runtime/float_mode.py imports this module for
+// the engine and for the session's maker, which puts its thread's mode back).
 //
 // Only the SSE control register (MXCSR: flush-to-zero, bit 15, and denormals-are-zero, bit 6); elsewhere the calls do
 // nothing.

@@ -22,15 +22,11 @@ import numpy as np
 
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.model.search import GREEDY_CANDIDATES, BeamSearch, GreedySearch, SearchOptions, advance_greedy_candidates, make_searcher
+from nmt_serve.runtime import float_mode
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
 from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_rows, place_rows_list, split_rows
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.engine.source_pool import SourcePool
-
-try:  # built by nmt-build-kernels from runtime/kernels/float_mode.c; without it the calls keep the thread's mode
-    from nmt_serve.runtime import _float_mode as float_mode
-except ImportError:
-    float_mode = None
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +91,7 @@ class Engine:
         self.profile = StepProfile()
         # A step's ONNX Runtime calls run on this thread; on the CPU they flush denormal floats to zero (the same bits,
         # much faster where a log-softmax meets them: runtime/kernels/float_mode.c), and the step puts the mode back.
-        self._flushes_denormals = float_mode is not None and runtime.provider == "CPUExecutionProvider"
+        self._float_switch = float_mode.native_float_mode if runtime.provider == "CPUExecutionProvider" else None
         self._last_rows, self._last_padding = 0, 0.0  # the current step's decoder call, for the observer
         self._rows_in_order = False  # the last layout put the rows 0..n-1 in job order, one per job (greedy alone)
         # After a step whose requests were all greedy and none left: how many there were (0 otherwise). If
@@ -152,12 +148,13 @@ class Engine:
         """Admit, drop, run one decoder call for all live rows, advance every searcher."""
         started = time.perf_counter()
         self._last_rows, self._last_padding = 0, 0.0
-        mode = float_mode.flush_denormals() if self._flushes_denormals else None
+        switch = self._float_switch
+        mode = switch.flush_denormals() if switch is not None else None
         try:
             self._step()
         finally:
-            if mode is not None:
-                float_mode.restore(mode)
+            if switch is not None:
+                switch.restore(mode)
             seconds = time.perf_counter() - started
             self.profile.steps += 1
             self.profile.total_s += seconds

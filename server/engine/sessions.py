@@ -12,17 +12,12 @@ import numpy as np
 from nmt_serve.model import search
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.model.tokenizer import Tokenizer
-from nmt_serve.runtime import step_cache
+from nmt_serve.runtime import float_mode, step_cache
 from nmt_serve.runtime.manifest import Manifest, load_model_dir
 from nmt_serve.runtime.native_kernels import resolve_native_kernels
 from nmt_serve.runtime.ort_step import available_providers, make_session
 from nmt_serve.runtime.self_check import SELF_CHECK_FILE, SelfCheckResult, check_model_dir
 from nmt_serve.runtime.step_cache import StepCache
-
-try:  # built by nmt-build-kernels from runtime/kernels/float_mode.c (the engine flushes denormals with it)
-    from nmt_serve.runtime import _float_mode as float_mode
-except ImportError:
-    float_mode = None
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +27,8 @@ def host_work_description() -> str:
     beam search's choice and the cache moves compiled or in numpy, and whether the engine's calls flush denormals."""
     compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves}
     parts = ", ".join(f"{what} {'compiled' if module else 'in numpy (`make kernels` compiles it)'}" for what, module in compiled.items())
-    flushing = "flush denormal floats" if float_mode else "keep the thread's float mode (`make kernels` builds the switch)"
+    flushing = ("flush denormal floats" if float_mode.native_float_mode is not None
+                else "keep the thread's float mode (`make kernels` builds the switch)")
     return f"{parts}; its calls {flushing}"
 
 
