@@ -57,5 +57,7 @@ uint64_t packed_self_attention_calls();
 const OrtCustomOp* packed_to_heads_op();  // an int8 encoder's packed rows to its attention heads in one node (head_layout.cc)
 const OrtCustomOp* heads_to_packed_op();  // and the weighted values' heads back to packed rows
 uint64_t head_layout_calls();
+const OrtCustomOp* decoder_embedding_op();  // an int8 decoder's token and position embedding in one node (decoder_embedding.cc)
+uint64_t decoder_embedding_calls();
 
 }  // namespace nmt_kernels
