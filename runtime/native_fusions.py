@@ -2,7 +2,7 @@
 
 Each fusion replaces a block of stock nodes by one node only the native kernels library runs, with the same results
 (runtime/row_quantize_fusion.py, quantized_matmul_fusion.py, cross_attention_fusion.py, candidate_top_k_fusion.py,
-head_layout_fusion.py, decoder_embedding_fusion.py) or,
+head_layout_fusion.py, decoder_embedding_fusion.py, decoder_lengths_fusion.py) or,
 for the encoder's self-attention (runtime/packed_attention_fusion.py), the same up to the dot products' summation
 order. The file on disk is not changed, so a model dir keeps stock operators and runs anywhere ONNX Runtime does;
 make_session (runtime/ort_step.py) falls back to the file as it is when ONNX Runtime will not load the fused copy. The
@@ -17,6 +17,7 @@ from pathlib import Path
 from nmt_serve.runtime.candidate_top_k_fusion import fuse_candidate_top_k
 from nmt_serve.runtime.cross_attention_fusion import fuse_cross_attention
 from nmt_serve.runtime.decoder_embedding_fusion import fuse_decoder_embedding
+from nmt_serve.runtime.decoder_lengths_fusion import fuse_decoder_lengths
 from nmt_serve.runtime.head_layout_fusion import fuse_head_layouts
 from nmt_serve.runtime.onnx_proto import ModelProto, parse_model
 from nmt_serve.runtime.packed_attention_fusion import fuse_packed_attention
@@ -32,7 +33,7 @@ CONTRIB_DOMAIN = "com.microsoft"
 FUSIONS = {"per-row activation quantizations": fuse_row_quantization, "int8 weight products": fuse_quantized_matmuls,
            "cross-attention blocks": fuse_cross_attention, "candidate searches": fuse_candidate_top_k,
            "encoder self-attention blocks": fuse_packed_attention, "encoder attention head layouts": fuse_head_layouts,
-           "int8 decoder embeddings": fuse_decoder_embedding}
+           "int8 decoder embeddings": fuse_decoder_embedding, "self-attention lengths": fuse_decoder_lengths}
 
 
 def fused_model_bytes(path: Path) -> bytes | None:

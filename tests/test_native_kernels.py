@@ -197,7 +197,8 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     quantization = ["quantized_matmul"] if precision != "fp32" else []
     encoder = ["packed_self_attention"] if precision == "fp32" else ["head_layout"]
     embedding = ["decoder_embedding"] if precision != "fp32" else []  # an int8 decoder's uint8 tables
-    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k", *encoder, *embedding]
+    assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k", *encoder, *embedding,
+                                      "decoder_lengths"]
     check = runtime.self_check()
     assert check is not None and check.max_log_prob_diff <= check.bound and check.batch_diff == 0.0
 
@@ -210,7 +211,8 @@ def test_resolve_native_kernels_names_what_is_wrong(native_kernels_library: Path
     kernels = resolve_native_kernels(str(native_kernels_library))
     assert kernels is not None
     assert set(kernels.calls()) == {"cross_attention", "self_attention", "grouped_cross_attention", "row_quantization", "quantized_matmul",
-                                    "candidate_top_k", "packed_self_attention", "head_layout", "decoder_embedding"}
+                                    "candidate_top_k", "packed_self_attention", "head_layout", "decoder_embedding",
+                                    "decoder_lengths"}
     with pytest.raises(NativeKernelsError, match="absent.so is not a file; build it with `nmt-build-kernels"):
         resolve_native_kernels(str(tmp_path / "absent.so"))
     (tmp_path / "junk.so").write_bytes(b"not a library")

@@ -59,5 +59,7 @@ const OrtCustomOp* heads_to_packed_op();  // and the weighted values' heads back
 uint64_t head_layout_calls();
 const OrtCustomOp* decoder_embedding_op();  // an int8 decoder's token and position embedding in one node (decoder_embedding.cc)
 uint64_t decoder_embedding_calls();
+const OrtCustomOp* decoder_lengths_op();  // the self-attention's two length inputs from the rows' positions in one node (decoder_lengths.cc)
+uint64_t decoder_lengths_calls();
 
 }  // namespace nmt_kernels

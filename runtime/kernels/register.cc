@@ -20,6 +20,7 @@ uint64_t nmt_candidate_top_k_calls() { return nmt_kernels::candidate_top_k_calls
 uint64_t nmt_packed_self_attention_calls() { return nmt_kernels::packed_self_attention_calls(); }
 uint64_t nmt_head_layout_calls() { return nmt_kernels::head_layout_calls(); }
 uint64_t nmt_decoder_embedding_calls() { return nmt_kernels::decoder_embedding_calls(); }
+uint64_t nmt_decoder_lengths_calls() { return nmt_kernels::decoder_lengths_calls(); }
 
 // Registers the attention kernels under com.microsoft: ONNX Runtime searches a session's custom registries before its
 // own, so they run the graph's nodes of those operators (on disk the graph keeps only stock operators); and the fused
@@ -45,6 +46,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     fused.Add(nmt_kernels::packed_to_heads_op());
     fused.Add(nmt_kernels::heads_to_packed_op());
     fused.Add(nmt_kernels::decoder_embedding_op());
+    fused.Add(nmt_kernels::decoder_lengths_op());
     Ort::UnownedSessionOptions(options).Add(domain);
     Ort::UnownedSessionOptions(options).Add(fused);
     domains.push_back(std::move(domain));
