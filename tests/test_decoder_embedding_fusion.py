@@ -15,8 +15,8 @@ from nmt_serve.runtime.graph_index import FUSED_DOMAIN
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
 from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
+from tests.node_sessions import stock_and_fused
 
-CPU = ["CPUExecutionProvider"]
 EMBEDDING_NODES = ("Gather", "DequantizeLinear", "Mul", "Unsqueeze")
 
 
@@ -70,15 +70,7 @@ def embedding_sessions(library: Path, width: int, scaled: bool) -> tuple[ort.Inf
     fused_inputs = ["tokens", "token_scale", "token_zero", "ids", "embed_scale" if scaled else "", "positions_table", "position_scale",
                     "position_zero", "steps"]  # fmt: skip
     fused_nodes = [helper.make_node(FUSED_OP, fused_inputs, ["embedded"], domain=FUSED_DOMAIN)]
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(FUSED_DOMAIN, 1)]
-
-    def session(nodes: list, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-        model = helper.make_model(helper.make_graph(nodes, "embedding", inputs, outputs, constants), opset_imports=opsets, ir_version=10)
-        return ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
-
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(str(library))
-    return session(stock_nodes), session(fused_nodes, options)
+    return stock_and_fused(library, stock_nodes, fused_nodes, inputs, outputs, constants)
 
 
 @pytest.mark.parametrize("scaled", [True, False])

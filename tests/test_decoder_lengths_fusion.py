@@ -15,8 +15,7 @@ from nmt_serve.runtime.graph_index import FUSED_DOMAIN
 from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
 from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
-
-CPU = ["CPUExecutionProvider"]
+from tests.node_sessions import stock_and_fused
 
 
 @pytest.mark.parametrize("model", ["fp32", "int8", "imported Marian int8", "imported NLLB int8"])
@@ -50,15 +49,7 @@ def lengths_sessions(library: Path, offset: np.ndarray) -> tuple[ort.InferenceSe
                    helper.make_node("Cast", ["total_64"], ["total"], to=TensorProto.INT32)]  # fmt: skip
     fused_nodes = [helper.make_node(FUSED_OP, ["positions"], ["seqlens_k", "total"], domain=FUSED_DOMAIN, offset=int(offset.reshape(-1)[0]),
                                     total_rank=offset.ndim)]  # fmt: skip
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(FUSED_DOMAIN, 1)]
-
-    def session(nodes: list, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-        model = helper.make_model(helper.make_graph(nodes, "lengths", inputs, outputs, constants), opset_imports=opsets, ir_version=10)
-        return ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
-
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(str(library))
-    return session(stock_nodes), session(fused_nodes, options)
+    return stock_and_fused(library, stock_nodes, fused_nodes, inputs, outputs, constants)
 
 
 @pytest.mark.parametrize("offset", [np.array([1], np.int64), np.array(1, np.int64), np.array([3], np.int64)])
