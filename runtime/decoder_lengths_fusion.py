@@ -20,7 +20,7 @@ def _to_int32(node: NodeProto) -> bool:
     return node.op_type == "Cast" and node.domain in STOCK_DOMAINS and attribute(node, "to") == INT32
 
 
-def _lengths(graph: GraphIndex, total_cast: NodeProto) -> tuple[NodeProto, list[NodeProto], dict] | None:
+def _lengths(graph: GraphIndex, total_cast: NodeProto) -> tuple[NodeProto, list[NodeProto]] | None:
     """For the Cast writing total_sequence_length: the fused node and the four nodes it replaces, or None."""
     if not _to_int32(total_cast):
         return None
@@ -43,7 +43,7 @@ def _lengths(graph: GraphIndex, total_cast: NodeProto) -> tuple[NodeProto, list[
         outputs = [per_row[0].output[0], total_cast.output[0]]
         fused = make_node(FUSED_OP, [positions], outputs, f"{total_cast.name or total_cast.output[0]}.fused", domain=FUSED_DOMAIN,
                           offset=offset[0], total_rank=total_rank)  # fmt: skip
-        return fused, [longest, per_row[0], add, total_cast], {}
+        return fused, [longest, per_row[0], add, total_cast]
     return None
 
 
@@ -56,7 +56,7 @@ def fuse_decoder_lengths(model: ModelProto) -> int:
         found = _lengths(index, node)
         if found is None:
             continue
-        fused, nodes, _ = found
+        fused, nodes = found
         first = next(part for part in model.graph.node if any(part is block_node for block_node in nodes))
         return replace_nodes(model, {id(first): fused}, {id(part) for part in nodes if part is not first})
     return 0
