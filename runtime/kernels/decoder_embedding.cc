@@ -8,9 +8,11 @@
 // executor, which after the step's read of the weights runs from beyond L2: fused, the default model's int8 decoder
 // call took 0.965x-0.99x the time at 1 to 32 rows (Intel Xeon with AMX, one thread, two copies of each interleaved).
 //
-// Same bits: each value is DequantizeLinear's float(level - zero point) * scale, times the embedding scale, plus the
-// position's float(level - zero point) * scale, each product and the sum one IEEE float operation in the nodes' order
-// (tests/test_decoder_embedding_fusion.py compares a fused decoder's outputs with the stock graph's bit for bit).
+// Same bits on every CPU: ONNX Runtime's DequantizeLinear computes float(level - zero point) * scale on each of its
+// paths (its reference loop and its vector kernels subtract in integers, convert exactly, then multiply once), and so
+// does this kernel, then the embedding scale's product and the position's sum, each one IEEE float operation in the
+// nodes' order; no step depends on the instruction set (tests/test_decoder_embedding_fusion.py compares a fused
+// decoder's outputs with the stock graph's bit for bit).
 
 // GCC would otherwise fuse a product and the addition after it into one FMA (the library is built with -mfma), which
 // rounds once where the nodes round twice.
@@ -28,69 +30,77 @@ namespace {
 
 std::atomic<uint64_t> g_calls{0};
 
-[[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse("decoder embedding", what); }
+constexpr const char* kKernel = "decoder embedding";
+
+[[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse(kKernel, what); }
 
 enum Input : size_t {
   kTokenTable = 0, kTokenScale = 1, kTokenZeroPoint = 2, kTokenIds = 3, kEmbedScale = 4,
   kPositionTable = 5, kPositionScale = 6, kPositionZeroPoint = 7, kPositions = 8, kInputs = 9
 };
 
-// A uint8 table's levels and its per-tensor dequantization.
+// A uint8 table's shape and its per-tensor dequantization, read once when the session makes the kernel; its levels
+// are read at each call from the input (the session's own copy of the initializer, not duplicated here).
 struct Table {
-  const uint8_t* levels;
-  int64_t rows, width;
-  float scale;
-  int32_t zero_point;
+  int64_t rows = 0, width = 0;
+  float scale = 0.0f;
+  int32_t zero_point = 0;
 };
 
-Table table(Ort::KernelContext& context, size_t levels, size_t scale, size_t zero_point, const char* name) {
-  const Ort::ConstValue value = context.GetInput(levels);
+Table table(const Ort::ConstKernelInfo& info, size_t levels, size_t scale, size_t zero_point, const std::string& name) {
+  int is_constant = 0;
+  const Ort::ConstValue value = info.GetTensorConstantInput(levels, &is_constant);
+  if (!is_constant) refuse("the " + name + " table must be a constant initializer");
   const std::vector<int64_t> shape = value.GetTensorTypeAndShapeInfo().GetShape();
-  if (shape.size() != 2) refuse(std::string("the ") + name + " table must be (rows, width)");
-  const Ort::ConstValue scales = context.GetInput(scale), zero_points = context.GetInput(zero_point);
-  if (scales.GetTensorTypeAndShapeInfo().GetElementCount() != 1 || zero_points.GetTensorTypeAndShapeInfo().GetElementCount() != 1)
-    refuse(std::string("the ") + name + " table needs one scale and one zero point");
-  return Table{value.GetTensorData<uint8_t>(), shape[0], shape[1], scales.GetTensorData<float>()[0],
-               static_cast<int32_t>(zero_points.GetTensorData<uint8_t>()[0])};
+  if (shape.size() != 2) refuse("the " + name + " table must be (rows, width)");
+  const std::vector<float> scales = constant_values<float>(info, scale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, kKernel, "the " + name + " scale");
+  const std::vector<uint8_t> zero_points =
+      constant_values<uint8_t>(info, zero_point, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, kKernel, "the " + name + " zero point");
+  if (scales.size() != 1 || zero_points.size() != 1) refuse("the " + name + " table needs one scale and one zero point");
+  return Table{shape[0], shape[1], scales[0], static_cast<int32_t>(zero_points[0])};
 }
 
 class DecoderEmbeddingKernel {
  public:
-  explicit DecoderEmbeddingKernel(const OrtKernelInfo* info) { has_embed_scale_ = has_input(Ort::ConstKernelInfo(info), kEmbedScale); }
+  explicit DecoderEmbeddingKernel(const OrtKernelInfo* info) {
+    const Ort::ConstKernelInfo kernel_info(info);
+    tokens_ = table(kernel_info, kTokenTable, kTokenScale, kTokenZeroPoint, "token");
+    positions_ = table(kernel_info, kPositionTable, kPositionScale, kPositionZeroPoint, "position");
+    if (tokens_.width != positions_.width) refuse("the token and position tables must be as wide");
+    has_embed_scale_ = has_input(kernel_info, kEmbedScale);
+    if (has_embed_scale_) {
+      const std::vector<float> scale = constant_values<float>(kernel_info, kEmbedScale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, kKernel,
+                                                              "the embedding scale");
+      if (scale.size() != 1) refuse("the embedding scale must be one value");
+      embed_scale_ = scale[0];
+    }
+  }
 
   void Compute(OrtKernelContext* raw_context) {
     Ort::KernelContext context(raw_context);
-    const Table tokens = table(context, kTokenTable, kTokenScale, kTokenZeroPoint, "token");
-    const Table positions = table(context, kPositionTable, kPositionScale, kPositionZeroPoint, "position");
-    if (tokens.width != positions.width) refuse("the token and position tables must be as wide");
     const Ort::ConstValue ids = context.GetInput(kTokenIds), steps = context.GetInput(kPositions);
     const std::vector<int64_t> id_shape = ids.GetTensorTypeAndShapeInfo().GetShape();
     const int64_t rows = static_cast<int64_t>(steps.GetTensorTypeAndShapeInfo().GetElementCount());
     if (id_shape.size() != 2 || id_shape[0] != rows || id_shape[1] != 1) refuse("the token ids must be (rows, 1), one position per row");
-    float embed_scale = 1.0f;
-    if (has_embed_scale_) {
-      const Ort::ConstValue value = context.GetInput(kEmbedScale);
-      if (value.GetTensorTypeAndShapeInfo().GetElementCount() != 1) refuse("the embedding scale must be one value");
-      embed_scale = value.GetTensorData<float>()[0];
-    }
-    const int64_t width = tokens.width;
-    Ort::UnownedValue output = context.GetOutput(0, std::vector<int64_t>{rows, 1, width});
-    float* out = output.GetTensorMutableData<float>();
+    const int64_t width = tokens_.width;
+    const uint8_t* token_table = context.GetInput(kTokenTable).GetTensorData<uint8_t>();
+    const uint8_t* position_table = context.GetInput(kPositionTable).GetTensorData<uint8_t>();
+    float* out = context.GetOutput(0, std::vector<int64_t>{rows, 1, width}).GetTensorMutableData<float>();
     const int64_t* token_ids = ids.GetTensorData<int64_t>();
     const int64_t* position_ids = steps.GetTensorData<int64_t>();
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t token = token_ids[row], position = position_ids[row];
       // The bounds Gather enforces, with its negative indices counted from the end.
-      const int64_t token_row = token < 0 ? token + tokens.rows : token, position_row = position < 0 ? position + positions.rows : position;
-      if (token_row < 0 || token_row >= tokens.rows) refuse("a token id lies outside the embedding table");
-      if (position_row < 0 || position_row >= positions.rows) refuse("a position lies outside the position table");
-      const uint8_t* token_levels = tokens.levels + token_row * width;
-      const uint8_t* position_levels = positions.levels + position_row * width;
+      const int64_t token_row = token < 0 ? token + tokens_.rows : token, position_row = position < 0 ? position + positions_.rows : position;
+      if (token_row < 0 || token_row >= tokens_.rows) refuse("a token id lies outside the embedding table");
+      if (position_row < 0 || position_row >= positions_.rows) refuse("a position lies outside the position table");
+      const uint8_t* token_levels = token_table + token_row * width;
+      const uint8_t* position_levels = position_table + position_row * width;
       float* y = out + row * width;
       for (int64_t column = 0; column < width; ++column) {
-        float token_value = static_cast<float>(static_cast<int32_t>(token_levels[column]) - tokens.zero_point) * tokens.scale;
-        if (has_embed_scale_) token_value = token_value * embed_scale;
-        const float position_value = static_cast<float>(static_cast<int32_t>(position_levels[column]) - positions.zero_point) * positions.scale;
+        float token_value = static_cast<float>(static_cast<int32_t>(token_levels[column]) - tokens_.zero_point) * tokens_.scale;
+        if (has_embed_scale_) token_value = token_value * embed_scale_;
+        const float position_value = static_cast<float>(static_cast<int32_t>(position_levels[column]) - positions_.zero_point) * positions_.scale;
         y[column] = token_value + position_value;
       }
     }
@@ -98,6 +108,8 @@ class DecoderEmbeddingKernel {
   }
 
  private:
+  Table tokens_, positions_;
+  float embed_scale_ = 1.0f;
   bool has_embed_scale_ = false;
 };
 

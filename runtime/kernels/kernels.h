@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace nmt_kernels {
 
@@ -27,6 +28,20 @@ T optional_attribute(const Ort::ConstKernelInfo& info, const char* name, T fallb
   } catch (const Ort::Exception&) {
     return fallback;
   }
+}
+
+// The values of a node's constant initializer input `index` (of element type `type`), read when the session makes the
+// kernel; an input that is not a constant of that type is refused, naming the kernel and the input.
+template <typename T>
+std::vector<T> constant_values(const Ort::ConstKernelInfo& info, size_t index, ONNXTensorElementDataType type, const char* kernel,
+                               const std::string& name) {
+  int is_constant = 0;
+  const Ort::ConstValue value = info.GetTensorConstantInput(index, &is_constant);
+  if (!is_constant) refuse(kernel, name + " must be a constant initializer");
+  const Ort::TensorTypeAndShapeInfo shape = value.GetTensorTypeAndShapeInfo();
+  if (shape.GetElementType() != type) refuse(kernel, name + " has the wrong element type");
+  const T* data = value.GetTensorData<T>();
+  return std::vector<T>(data, data + shape.GetElementCount());
 }
 
 // Whether the node feeds its input `index`: an absent optional input has an empty name or lies past the node's inputs.

@@ -39,7 +39,9 @@ namespace {
 
 std::atomic<uint64_t> g_calls{0};
 
-[[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse("quantized weight product", what); }
+constexpr const char* kKernel = "quantized weight product";
+
+[[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse(kKernel, what); }
 
 constexpr int64_t kBlock = 16;         // columns per packed block: one 512-bit register of 32-bit sums
 constexpr int64_t kDepth = 4;          // k per 32-bit lane: vpdpbusd adds four u8 x s8 products
@@ -401,17 +403,6 @@ bool cpu_has_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-template <typename T>
-std::vector<T> constant_values(const Ort::ConstKernelInfo& info, size_t index, ONNXTensorElementDataType type, const char* name) {
-  int is_constant = 0;
-  const Ort::ConstValue value = info.GetTensorConstantInput(index, &is_constant);
-  if (!is_constant) refuse(std::string(name) + " must be a constant initializer");
-  const Ort::TensorTypeAndShapeInfo shape = value.GetTensorTypeAndShapeInfo();
-  if (shape.GetElementType() != type) refuse(std::string(name) + " has the wrong element type");
-  const T* data = value.GetTensorData<T>();
-  return std::vector<T>(data, data + shape.GetElementCount());
-}
-
 // A per-column constant: one value for all columns, or one per column.
 template <typename T>
 T per_column(const std::vector<T>& values, int64_t n) {
@@ -431,12 +422,12 @@ PackedWeights pack(const Ort::ConstKernelInfo& info, int zero_point) {
   w.inner_padded = round_up(w.inner, kChunk);
   w.blocks = round_up(w.width, kBlock) / kBlock;
   const int64_t padded_width = w.blocks * kBlock;
-  const std::vector<float> scales = constant_values<float>(info, kWeightScale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "the weight scale");
+  const std::vector<float> scales = constant_values<float>(info, kWeightScale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, kKernel, "the weight scale");
   const std::vector<int8_t> zero_points =
-      constant_values<int8_t>(info, kWeightZeroPoint, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "the weight zero point");
+      constant_values<int8_t>(info, kWeightZeroPoint, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, kKernel, "the weight zero point");
   std::vector<float> bias;
   w.has_bias = has_input(info, kBias);
-  if (w.has_bias) bias = constant_values<float>(info, kBias, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "the bias");
+  if (w.has_bias) bias = constant_values<float>(info, kBias, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, kKernel, "the bias");
   for (const std::vector<float>* sizes : {&scales, static_cast<const std::vector<float>*>(&bias)})
     if (!sizes->empty() && sizes->size() != 1 && static_cast<int64_t>(sizes->size()) != w.width)
       refuse("scales and bias need one value or N");
