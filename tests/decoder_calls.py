@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nmt_serve.runtime import native_fusions
+from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import add_attribute
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 
@@ -58,6 +59,18 @@ def with_and_without(model_dir: Path, library: Path, fusion: str, monkeypatch: p
     with monkeypatch.context() as patch:
         patch.delitem(native_fusions.FUSIONS, fusion)
         return fused, Runtime(model_dir, settings)
+
+
+def fused_and_stock_calls(model_dir: Path, library: Path, fusion: str, kernel: str, monkeypatch: pytest.MonkeyPatch,
+                          candidates: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """run_calls (with `candidates`) through `model_dir` with every fusion and without `fusion`, paired result by result;
+    asserts that the fused runtime ran its `kernel` (a NativeKernels counter) once per call."""
+    fused, stock = with_and_without(model_dir, library, fusion, monkeypatch)
+    counters = NativeKernels(library)
+    before = counters.calls()[kernel]
+    fused_results = run_calls(fused, candidates)
+    assert counters.calls()[kernel] - before == len(CALLS)
+    return list(zip(fused_results, run_calls(stock, candidates), strict=True))
 
 
 def set_attribute(node, name: str, value: int) -> None:  # a NodeProto of runtime/onnx_proto.py

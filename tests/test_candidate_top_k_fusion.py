@@ -12,11 +12,10 @@ from onnx import TensorProto, helper
 
 from nmt_serve.runtime.candidate_top_k_fusion import FUSED_OP, fuse_candidate_top_k
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
-from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
-from tests.decoder_calls import CALLS, model_dir_for, run_calls, set_attribute, with_and_without
+from tests.decoder_calls import fused_and_stock_calls, model_dir_for, set_attribute
+from tests.node_sessions import stock_and_fused
 
-CPU = ["CPUExecutionProvider"]
 CANDIDATES = 8
 
 
@@ -43,14 +42,7 @@ def top_k_sessions(library: Path, rows: int, width: int) -> tuple[ort.InferenceS
     stock_nodes = [helper.make_node("Gather", ["data", "rows"], ["picked"], axis=0),
                    helper.make_node("TopK", ["picked", "k"], ["values", "ids"], axis=-1, largest=1, sorted=1)]
     fused_nodes = [helper.make_node(FUSED_OP, ["data", "rows", "k"], ["values", "ids"], domain=FUSED_DOMAIN)]
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(FUSED_DOMAIN, 1)]
-    stock = ort.InferenceSession(helper.make_model(helper.make_graph(stock_nodes, "stock", inputs, outputs), opset_imports=opsets,
-                                                   ir_version=9).SerializeToString(), providers=CPU)  # fmt: skip
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(str(library))
-    fused = ort.InferenceSession(helper.make_model(helper.make_graph(fused_nodes, "fused", inputs, outputs), opset_imports=opsets,
-                                                   ir_version=9).SerializeToString(), options, providers=CPU)  # fmt: skip
-    return stock, fused
+    return stock_and_fused(library, stock_nodes, fused_nodes, inputs, outputs, [])
 
 
 @pytest.mark.parametrize("k", [1, 4, 8, 37])
@@ -82,10 +74,6 @@ def test_fused_decoder_gives_the_stock_candidates(model: str, native_kernels_lib
     """The decoder with its candidate search fused against the same decoder with ONNX Runtime's Gather and TopK: the
     same log-probs, candidate log-probs and token ids in every call, and the fused node is what ran."""
     model_dir = model_dir_for(model, request, {"fp32": "tiny_model_dir", "int8": "int8_dir"})
-    fused, stock = with_and_without(model_dir, native_kernels_library, "candidate searches", monkeypatch)
-    counters = NativeKernels(native_kernels_library)
-    before = counters.calls()["candidate_top_k"]
-    fused_results = run_calls(fused, CANDIDATES)
-    assert counters.calls()["candidate_top_k"] - before == len(CALLS)
-    for fused_result, stock_result in zip(fused_results, run_calls(stock, CANDIDATES), strict=True):
+    pairs = fused_and_stock_calls(model_dir, native_kernels_library, "candidate searches", "candidate_top_k", monkeypatch, CANDIDATES)
+    for fused_result, stock_result in pairs:
         np.testing.assert_array_equal(fused_result, stock_result)

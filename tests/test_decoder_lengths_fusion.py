@@ -12,9 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.runtime.decoder_lengths_fusion import FUSED_OP, fuse_decoder_lengths
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
-from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
-from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
+from tests.decoder_calls import fused_and_stock_calls, model_dir_for
 from tests.node_sessions import stock_and_fused
 
 
@@ -75,10 +74,6 @@ def test_fused_decoder_gives_the_stock_log_probs(model: str, native_kernels_libr
     """The decoder with its lengths fused against the same decoder with the stock nodes: the same log-probs bit for bit
     in every call, and the fused node is what ran."""
     model_dir = model_dir_for(model, request, {"fp32": "tiny_model_dir", "int8": "int8_dir"})
-    fused, stock = with_and_without(model_dir, native_kernels_library, "self-attention lengths", monkeypatch)
-    counters = NativeKernels(native_kernels_library)
-    before = counters.calls()["decoder_lengths"]
-    fused_results = run_calls(fused)
-    assert counters.calls()["decoder_lengths"] - before == len(CALLS)
-    for fused_result, stock_result in zip(fused_results, run_calls(stock), strict=True):
+    pairs = fused_and_stock_calls(model_dir, native_kernels_library, "self-attention lengths", "decoder_lengths", monkeypatch)
+    for fused_result, stock_result in pairs:
         np.testing.assert_array_equal(fused_result.view(np.uint32), stock_result.view(np.uint32))
