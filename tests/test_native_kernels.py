@@ -146,6 +146,28 @@ def test_self_attention_kernel_matches_onnxruntime(native_kernels_library: Path,
             assert np.abs(stock[present][rows, :, positions].astype(int) - expected.astype(int)).max() <= 1
 
 
+@pytest.mark.parametrize("cache", ["int8 per channel", "int8 per tensor", "float"])
+def test_self_attention_kernel_reads_prepared_and_per_call_scales_alike(native_kernels_library: Path, tmp_path: Path, cache: str) -> None:
+    """The kernel prepares its scales once where the cache's head width is fixed and an int8 cache's scales are constant,
+    and reads them per call otherwise (scales fed as inputs, every axis symbolic): the same outputs, bit for bit."""
+    node, feeds, constants = self_attention_case(np.random.default_rng(7), 5, 4, 2, 12, 64, cache)
+    prepared = one_node_model(tmp_path / "prepared.onnx", node, feeds, constants)
+    per_call_feeds = {**feeds, **constants}
+    per_call = onnx.load(one_node_model(tmp_path / "per_call.onnx", node, per_call_feeds, {}))
+    for value in per_call.graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            dim.dim_param = f"{value.name}_{axis}"
+    onnx.save(per_call, tmp_path / "per_call.onnx")
+    outputs = []
+    for path, path_feeds in ((prepared, feeds), (tmp_path / "per_call.onnx", per_call_feeds)):
+        before = NativeKernels(native_kernels_library).calls()["self_attention"]
+        session = make_session(path, CPU, threads=1, kernels_library=native_kernels_library)
+        outputs.append(session.run(None, path_feeds))
+        assert NativeKernels(native_kernels_library).calls()["self_attention"] == before + 1
+    for prepared_output, per_call_output in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(prepared_output, per_call_output)
+
+
 def test_self_attention_kernel_writes_the_bound_cache_in_place(native_kernels_library: Path, tmp_path: Path) -> None:
     """With the present bound to the past's memory, as the engine binds it, the new key and value land in that buffer and
     the output is the unbound run's."""

@@ -36,8 +36,9 @@ class DecoderLengthsKernel {
   void Compute(OrtKernelContext* raw_context) {
     Ort::KernelContext context(raw_context);
     const Ort::ConstValue input = context.GetInput(0);
-    const std::vector<int64_t> shape = input.GetTensorTypeAndShapeInfo().GetShape();
-    const size_t count = input.GetTensorTypeAndShapeInfo().GetElementCount();
+    const ShapeAndCount in = shape_and_count(input);
+    const std::vector<int64_t>& shape = in.dims;
+    const size_t count = static_cast<size_t>(in.count);
     if (count == 0) refuse("there must be at least one position");  // ReduceMax of no values has no largest either
     const int64_t* positions = input.GetTensorData<int64_t>();
     int32_t* lengths = context.GetOutput(0, shape).GetTensorMutableData<int32_t>();

@@ -40,24 +40,27 @@ class GroupedCrossAttentionKernel {
   void Compute(OrtKernelContext* raw_context) {
     Ort::KernelContext context(raw_context);
     const Ort::ConstValue query = context.GetInput(kQuery);
-    const std::vector<int64_t> query_shape = query.GetTensorTypeAndShapeInfo().GetShape();
-    if (query_shape.empty()) refuse("the query needs a last axis of num_heads x head width");
-    const int64_t model_dim = query_shape.back();
-    const int64_t query_rows = model_dim == 0 ? 0 : static_cast<int64_t>(query.GetTensorTypeAndShapeInfo().GetElementCount()) / model_dim;
+    const ShapeAndCount query_facts = shape_and_count(query);
+    if (query_facts.dims.empty()) refuse("the query needs a last axis of num_heads x head width");
+    const int64_t model_dim = query_facts.dims.back();
+    const int64_t query_rows = model_dim == 0 ? 0 : query_facts.count / model_dim;
     thread_local std::vector<float> slots;  // the groups' (S, Q, H * Dh) outputs, narrow first, as the concat held them
     thread_local std::vector<int> live, live_counts;
+    constexpr size_t kGroups[] = {kNarrow, kWide};
+    std::vector<int64_t> tables[2];  // each group's source_queries shape, read once
     int64_t slot_count = 0;
-    for (const size_t group : {static_cast<size_t>(kNarrow), static_cast<size_t>(kWide)}) {
-      const std::vector<int64_t> table = context.GetInput(group).GetTensorTypeAndShapeInfo().GetShape();
-      if (table.size() != 2) refuse("source_queries must be (S, Q)");
-      slot_count += table[0] * table[1];
+    for (size_t g = 0; g < 2; ++g) {
+      tables[g] = context.GetInput(kGroups[g]).GetTensorTypeAndShapeInfo().GetShape();
+      if (tables[g].size() != 2) refuse("source_queries must be (S, Q)");
+      slot_count += tables[g][0] * tables[g][1];
     }
     slots.resize(static_cast<size_t>(slot_count * model_dim));
     int64_t offset = 0;
-    for (const size_t group : {static_cast<size_t>(kNarrow), static_cast<size_t>(kWide)}) {
+    for (size_t g = 0; g < 2; ++g) {
+      const size_t group = kGroups[g];
       const Ort::ConstValue table = context.GetInput(group), key = context.GetInput(group + 1);
       const Ort::ConstValue value = context.GetInput(group + 2), mask = context.GetInput(group + 3);
-      const CrossAttentionShape shape = check_group(table, key, value, mask, model_dim, query_rows);
+      const CrossAttentionShape shape = check_group(tables[g], table, key, value, mask, model_dim, query_rows);
       live_keys(mask.GetTensorData<int32_t>(), shape.sources, shape.keys, live, live_counts);
       const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
       CrossAttentionTask task{shape, scale, query.GetTensorData<float>(), key.GetTensorData<float>(), value.GetTensorData<float>(),
@@ -78,9 +81,8 @@ class GroupedCrossAttentionKernel {
   }
 
  private:
-  CrossAttentionShape check_group(const Ort::ConstValue& table, const Ort::ConstValue& key, const Ort::ConstValue& value,
-                                  const Ort::ConstValue& mask, int64_t model_dim, int64_t query_rows) const {
-    const std::vector<int64_t> t = table.GetTensorTypeAndShapeInfo().GetShape();
+  CrossAttentionShape check_group(const std::vector<int64_t>& t, const Ort::ConstValue& table, const Ort::ConstValue& key,
+                                  const Ort::ConstValue& value, const Ort::ConstValue& mask, int64_t model_dim, int64_t query_rows) const {
     const std::vector<int64_t> k = key.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> m = mask.GetTensorTypeAndShapeInfo().GetShape();
     if (k.size() != 4 || value.GetTensorTypeAndShapeInfo().GetShape() != k) refuse("key and value must be (S, H, L, Dh) alike");

@@ -44,6 +44,20 @@ std::vector<T> constant_values(const Ort::ConstKernelInfo& info, size_t index, O
   return std::vector<T>(data, data + shape.GetElementCount());
 }
 
+// A tensor's shape and element count from one query. Each GetTensorTypeAndShapeInfo makes and frees an info object
+// (several allocations), and kernels asked some tensors two or three times a call. One query fewer cut the int8
+// product's own work outside its quantization and tiles from 2,040-2,220 to 1,770-1,870 cycles a call (Intel Xeon with
+// AMX, batch 1 greedy, rdtsc around the parts of the call, two runs each): 19 such calls a decoder step.
+struct ShapeAndCount {
+  std::vector<int64_t> dims;
+  int64_t count = 0;
+};
+
+inline ShapeAndCount shape_and_count(const Ort::ConstValue& value) {
+  const Ort::TensorTypeAndShapeInfo info = value.GetTensorTypeAndShapeInfo();
+  return {info.GetShape(), static_cast<int64_t>(info.GetElementCount())};
+}
+
 // Whether the node feeds its input `index`: an absent optional input has an empty name or lies past the node's inputs.
 inline bool has_input(const Ort::ConstKernelInfo& info, size_t index) {
   return index < info.GetInputCount() && !info.GetInputName(index).empty();

@@ -483,9 +483,10 @@ class QuantizedMatMulKernel {
   void Compute(OrtKernelContext* raw_context) {
     Ort::KernelContext context(raw_context);
     const Ort::ConstValue input = context.GetInput(kX);
-    std::vector<int64_t> shape = input.GetTensorTypeAndShapeInfo().GetShape();
+    ShapeAndCount in = shape_and_count(input);
+    std::vector<int64_t>& shape = in.dims;
     if (shape.empty() || shape.back() != weights_.inner) refuse("the input's last axis must be the weight's K");
-    const int64_t rows = static_cast<int64_t>(input.GetTensorTypeAndShapeInfo().GetElementCount()) / std::max<int64_t>(weights_.inner, 1);
+    const int64_t rows = in.count / std::max<int64_t>(weights_.inner, 1);
     shape.back() = weights_.width;
     Ort::UnownedValue output = context.GetOutput(0, shape);
     const float* residual = nullptr;

@@ -58,13 +58,14 @@ class RowQuantizeKernel {
   void Compute(OrtKernelContext* raw_context) {
     Ort::KernelContext context(raw_context);
     const Ort::ConstValue input = context.GetInput(0);
-    std::vector<int64_t> shape = input.GetTensorTypeAndShapeInfo().GetShape();
+    ShapeAndCount in = shape_and_count(input);
+    std::vector<int64_t>& shape = in.dims;
     if (shape.empty()) refuse("the input needs at least one axis");
     Ort::UnownedValue levels = context.GetOutput(0, shape);
     const int64_t width = shape.back();
     shape.back() = 1;
     Ort::UnownedValue scales = context.GetOutput(1, shape);
-    const size_t rows = width == 0 ? 0 : input.GetTensorTypeAndShapeInfo().GetElementCount() / static_cast<size_t>(width);
+    const size_t rows = width == 0 ? 0 : static_cast<size_t>(in.count) / static_cast<size_t>(width);
     RowQuantizeTask task{input.GetTensorData<float>(), width, inverse_levels_, zero_point_,
                          levels.GetTensorMutableData<uint8_t>(), scales.GetTensorMutableData<float>()};
     if (width == 0) std::fill_n(task.scales, scales.GetTensorTypeAndShapeInfo().GetElementCount(), 0.0f);

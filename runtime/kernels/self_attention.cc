@@ -178,6 +178,7 @@ class SelfAttentionKernel {
     if (optional_attribute<int64_t>(kernel_info, "smooth_softmax", 0) == 1) refuse("smooth softmax is not supported");
     if (optional_attribute<int64_t>(kernel_info, "qk_output", 0) != 0) refuse("qk_output is not supported");
     if (optional_attribute(kernel_info, "softcap", 0.0f) != 0.0f) refuse("softcap is not supported");
+    prepare_scales(kernel_info);
   }
 
   void Compute(OrtKernelContext* raw_context) {
@@ -195,32 +196,39 @@ class SelfAttentionKernel {
   void run(Ort::KernelContext& context) const {
     const Ort::ConstValue qkv = context.GetInput(0), past_key = context.GetInput(3), past_value = context.GetInput(4);
     const Ort::ConstValue positions = context.GetInput(5);
-    const std::vector<int64_t> cache_shape = past_key.GetTensorTypeAndShapeInfo().GetShape();
-    const SelfAttentionShape shape = check_shapes(qkv, past_key, past_value, positions);
+    const ShapeAndCount cache_facts = shape_and_count(past_key);
+    const std::vector<int64_t>& cache_shape = cache_facts.dims;
+    const SelfAttentionShape shape = check_shapes(qkv, cache_shape, past_value, positions);
     const int32_t* position = positions.GetTensorData<int32_t>();
-    std::vector<float> key_scales(static_cast<size_t>(shape.kv_heads * shape.head_dim), 1.0f), value_scales = key_scales;
-    if (int8_cache_) {
-      key_scales = channel_scales(context.GetInput(12), shape);
-      value_scales = channel_scales(context.GetInput(13), shape);
+    const bool prepared = shape.head_dim == prepared_head_dim_;
+    std::vector<float> key_scales, value_scales;  // this call's, where none were prepared for its head width
+    if (!prepared) {
+      key_scales.assign(static_cast<size_t>(shape.kv_heads * shape.head_dim), 1.0f);
+      value_scales = key_scales;
+      if (int8_cache_) {
+        key_scales = channel_scales(context.GetInput(12), shape);
+        value_scales = channel_scales(context.GetInput(13), shape);
+      }
     }
     Ort::UnownedValue out = context.GetOutput(0, {shape.rows, 1, heads_ * shape.head_dim});
     Ort::UnownedValue present_key = context.GetOutput(1, cache_shape), present_value = context.GetOutput(2, cache_shape);
     Cache* key_cache = present_key.GetTensorMutableData<Cache>();
     Cache* value_cache = present_value.GetTensorMutableData<Cache>();
-    const size_t cache_bytes = past_key.GetTensorTypeAndShapeInfo().GetElementCount() * sizeof(Cache);
+    const size_t cache_bytes = static_cast<size_t>(cache_facts.count) * sizeof(Cache);
     // Bound in place the present is the past's memory; otherwise the present starts as a copy of the past.
     if (key_cache != past_key.GetTensorData<Cache>()) std::memcpy(key_cache, past_key.GetTensorData<Cache>(), cache_bytes);
     if (value_cache != past_value.GetTensorData<Cache>()) std::memcpy(value_cache, past_value.GetTensorData<Cache>(), cache_bytes);
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-    SelfAttentionTask<Cache> task{shape, scale, qkv.GetTensorData<float>(), position, key_scales.data(), value_scales.data(),
+    SelfAttentionTask<Cache> task{shape, scale, qkv.GetTensorData<float>(), position,
+                                  prepared ? prepared_key_scales_.data() : key_scales.data(),
+                                  prepared ? prepared_value_scales_.data() : value_scales.data(),
                                   key_cache, value_cache, out.GetTensorMutableData<float>()};
     context.ParallelFor(attend_row_kv_head<Cache>, static_cast<size_t>(shape.rows * kv_heads_), 0, &task);
   }
 
-  SelfAttentionShape check_shapes(const Ort::ConstValue& qkv, const Ort::ConstValue& past_key, const Ort::ConstValue& past_value,
+  SelfAttentionShape check_shapes(const Ort::ConstValue& qkv, const std::vector<int64_t>& cache, const Ort::ConstValue& past_value,
                                   const Ort::ConstValue& positions) const {
     const std::vector<int64_t> q = qkv.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> cache = past_key.GetTensorTypeAndShapeInfo().GetShape();
     if (cache.size() != 4 || past_value.GetTensorTypeAndShapeInfo().GetShape() != cache) refuse("past key and value must be (rows, KVH, capacity, Dh)");
     const SelfAttentionShape shape{cache[0], heads_, kv_heads_, cache[2], cache[3]};
     if (q.size() != 3 || q[0] != shape.rows || q[1] != 1 || q[2] != (heads_ + 2 * kv_heads_) * shape.head_dim)
@@ -231,6 +239,29 @@ class SelfAttentionKernel {
     for (int64_t row = 0; row < shape.rows; ++row)
       if (position[row] < 0 || position[row] >= shape.capacity) refuse("a row's length is outside the cache's capacity");
     return shape;
+  }
+
+  // The (KVH * Dh) key and value scales, once, where the cache's head width is fixed in the graph and an int8 cache's
+  // scales are constant initializers (as the exporter writes them): each call then reads them in place rather than
+  // building four vectors and querying two shapes (the scales of another head width, or not constant, are read per
+  // call).
+  void prepare_scales(const Ort::ConstKernelInfo& info) {
+    const std::vector<int64_t> cache = info.GetInputTypeInfo(3).GetTensorTypeAndShapeInfo().GetShape();
+    if (cache.size() != 4 || cache[3] <= 0) return;
+    const SelfAttentionShape shape{0, heads_, kv_heads_, 0, cache[3]};
+    if (!int8_cache_) {
+      prepared_key_scales_.assign(static_cast<size_t>(kv_heads_ * cache[3]), 1.0f);
+      prepared_value_scales_ = prepared_key_scales_;
+      prepared_head_dim_ = cache[3];
+      return;
+    }
+    int key_constant = 0, value_constant = 0;
+    const Ort::ConstValue key = info.GetTensorConstantInput(12, &key_constant);
+    const Ort::ConstValue value = info.GetTensorConstantInput(13, &value_constant);
+    if (!key_constant || !value_constant) return;
+    prepared_key_scales_ = channel_scales(key, shape);
+    prepared_value_scales_ = channel_scales(value, shape);
+    prepared_head_dim_ = cache[3];
   }
 
   // (KVH * Dh) scales from a per-channel (1, KVH, 1, Dh) or a per-tensor (one value) scale input.
@@ -246,6 +277,8 @@ class SelfAttentionKernel {
   int64_t heads_ = 0, kv_heads_ = 0;
   float scale_ = 0.0f;
   bool int8_cache_ = false;
+  int64_t prepared_head_dim_ = -1;  // the head width the prepared scales are for; -1: none prepared
+  std::vector<float> prepared_key_scales_, prepared_value_scales_;
 };
 
 // One op per cache type (ONNX Runtime merges ops of one name into one schema whose cache type is either).
