@@ -153,6 +153,10 @@ void attend_row_kv_head(void* data, size_t index) {
 
 [[noreturn]] void refuse(const std::string& what) { nmt_kernels::refuse("self-attention", what); }
 
+struct CacheScales {
+  std::vector<float> key, value;  // (KVH * Dh) each
+};
+
 class SelfAttentionKernel {
  public:
   // A node in any other form is refused here, when the session is made, so that the runtime makes it without this
@@ -201,15 +205,8 @@ class SelfAttentionKernel {
     const SelfAttentionShape shape = check_shapes(qkv, cache_shape, past_value, positions);
     const int32_t* position = positions.GetTensorData<int32_t>();
     const bool prepared = shape.head_dim == prepared_head_dim_;
-    std::vector<float> key_scales, value_scales;  // this call's, where none were prepared for its head width
-    if (!prepared) {
-      key_scales.assign(static_cast<size_t>(shape.kv_heads * shape.head_dim), 1.0f);
-      value_scales = key_scales;
-      if (int8_cache_) {
-        key_scales = channel_scales(context.GetInput(12), shape);
-        value_scales = channel_scales(context.GetInput(13), shape);
-      }
-    }
+    const CacheScales read = prepared ? CacheScales{} : cache_scales(context.GetInput(12), context.GetInput(13), shape);
+    const CacheScales& scales = prepared ? prepared_scales_ : read;
     Ort::UnownedValue out = context.GetOutput(0, {shape.rows, 1, heads_ * shape.head_dim});
     Ort::UnownedValue present_key = context.GetOutput(1, cache_shape), present_value = context.GetOutput(2, cache_shape);
     Cache* key_cache = present_key.GetTensorMutableData<Cache>();
@@ -220,8 +217,7 @@ class SelfAttentionKernel {
     if (value_cache != past_value.GetTensorData<Cache>()) std::memcpy(value_cache, past_value.GetTensorData<Cache>(), cache_bytes);
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     SelfAttentionTask<Cache> task{shape, scale, qkv.GetTensorData<float>(), position,
-                                  prepared ? prepared_key_scales_.data() : key_scales.data(),
-                                  prepared ? prepared_value_scales_.data() : value_scales.data(),
+                                  scales.key.data(), scales.value.data(),
                                   key_cache, value_cache, out.GetTensorMutableData<float>()};
     context.ParallelFor(attend_row_kv_head<Cache>, static_cast<size_t>(shape.rows * kv_heads_), 0, &task);
   }
@@ -241,27 +237,27 @@ class SelfAttentionKernel {
     return shape;
   }
 
-  // The (KVH * Dh) key and value scales, once, where the cache's head width is fixed in the graph and an int8 cache's
-  // scales are constant initializers (as the exporter writes them): each call then reads them in place rather than
-  // building four vectors and querying two shapes (the scales of another head width, or not constant, are read per
-  // call).
+  // The key and value scales once, when the session makes the kernel, where the cache's head width is fixed in the
+  // graph and an int8 cache's scales are constant initializers (as the exporter writes them): each call then reads
+  // them in place rather than building two vectors and querying two shapes. Otherwise each call reads its own.
   void prepare_scales(const Ort::ConstKernelInfo& info) {
     const std::vector<int64_t> cache = info.GetInputTypeInfo(3).GetTensorTypeAndShapeInfo().GetShape();
     if (cache.size() != 4 || cache[3] <= 0) return;
-    const SelfAttentionShape shape{0, heads_, kv_heads_, 0, cache[3]};
-    if (!int8_cache_) {
-      prepared_key_scales_.assign(static_cast<size_t>(kv_heads_ * cache[3]), 1.0f);
-      prepared_value_scales_ = prepared_key_scales_;
-      prepared_head_dim_ = cache[3];
-      return;
-    }
-    int key_constant = 0, value_constant = 0;
-    const Ort::ConstValue key = info.GetTensorConstantInput(12, &key_constant);
-    const Ort::ConstValue value = info.GetTensorConstantInput(13, &value_constant);
+    int key_constant = 1, value_constant = 1;
+    const Ort::ConstValue key = int8_cache_ ? info.GetTensorConstantInput(12, &key_constant) : Ort::ConstValue{nullptr};
+    const Ort::ConstValue value = int8_cache_ ? info.GetTensorConstantInput(13, &value_constant) : Ort::ConstValue{nullptr};
     if (!key_constant || !value_constant) return;
-    prepared_key_scales_ = channel_scales(key, shape);
-    prepared_value_scales_ = channel_scales(value, shape);
+    prepared_scales_ = cache_scales(key, value, SelfAttentionShape{0, heads_, kv_heads_, 0, cache[3]});
     prepared_head_dim_ = cache[3];
+  }
+
+  // The (KVH * Dh) key and value scales: an int8 cache's from its scale inputs, ones for a float cache.
+  CacheScales cache_scales(const Ort::ConstValue& key, const Ort::ConstValue& value, const SelfAttentionShape& shape) const {
+    if (!int8_cache_) {
+      std::vector<float> ones(static_cast<size_t>(shape.kv_heads * shape.head_dim), 1.0f);
+      return CacheScales{ones, ones};
+    }
+    return CacheScales{channel_scales(key, shape), channel_scales(value, shape)};
   }
 
   // (KVH * Dh) scales from a per-channel (1, KVH, 1, Dh) or a per-tensor (one value) scale input.
@@ -278,7 +274,7 @@ class SelfAttentionKernel {
   float scale_ = 0.0f;
   bool int8_cache_ = false;
   int64_t prepared_head_dim_ = -1;  // the head width the prepared scales are for; -1: none prepared
-  std::vector<float> prepared_key_scales_, prepared_value_scales_;
+  CacheScales prepared_scales_;
 };
 
 // One op per cache type (ONNX Runtime merges ops of one name into one schema whose cache type is either).
