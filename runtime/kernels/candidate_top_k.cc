@@ -98,10 +98,8 @@ class CandidateTopKKernel {
   }
 };
 
-struct CandidateTopKOp : Ort::CustomOpBase<CandidateTopKOp, CandidateTopKKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new CandidateTopKKernel(info); }
+struct CandidateTopKOp : CpuKernelOp<CandidateTopKOp, CandidateTopKKernel> {
   const char* GetName() const { return "CandidateTopK"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 3; }  // log-probs (rows, V), candidate rows (n), k (1)
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

@@ -199,10 +199,8 @@ class CrossAttentionKernel {
   float scale_ = 0.0f;
 };
 
-struct CrossAttentionOp : Ort::CustomOpBase<CrossAttentionOp, CrossAttentionKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new CrossAttentionKernel(info); }
+struct CrossAttentionOp : CpuKernelOp<CrossAttentionOp, CrossAttentionKernel> {
   const char* GetName() const { return "MultiHeadAttention"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 5; }  // query, key, value, bias (absent), key padding mask
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;

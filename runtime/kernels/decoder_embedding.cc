@@ -113,10 +113,8 @@ class DecoderEmbeddingKernel {
   bool has_embed_scale_ = false;
 };
 
-struct DecoderEmbeddingOp : Ort::CustomOpBase<DecoderEmbeddingOp, DecoderEmbeddingKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new DecoderEmbeddingKernel(info); }
+struct DecoderEmbeddingOp : CpuKernelOp<DecoderEmbeddingOp, DecoderEmbeddingKernel> {
   const char* GetName() const { return "DecoderEmbedding"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return kInputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     switch (index) {

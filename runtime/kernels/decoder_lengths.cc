@@ -53,10 +53,8 @@ class DecoderLengthsKernel {
   int64_t offset_ = 0, total_rank_ = 0;
 };
 
-struct DecoderLengthsOp : Ort::CustomOpBase<DecoderLengthsOp, DecoderLengthsKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new DecoderLengthsKernel(info); }
+struct DecoderLengthsOp : CpuKernelOp<DecoderLengthsOp, DecoderLengthsKernel> {
   const char* GetName() const { return "DecoderLengths"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 1; }  // positions
   ONNXTensorElementDataType GetInputType(size_t /*index*/) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
   size_t GetOutputTypeCount() const { return 2; }  // seqlens_k, total_sequence_length

@@ -98,10 +98,8 @@ class GroupedCrossAttentionKernel {
   float scale_ = 0.0f;
 };
 
-struct GroupedCrossAttentionOp : Ort::CustomOpBase<GroupedCrossAttentionOp, GroupedCrossAttentionKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new GroupedCrossAttentionKernel(info); }
+struct GroupedCrossAttentionOp : CpuKernelOp<GroupedCrossAttentionOp, GroupedCrossAttentionKernel> {
   const char* GetName() const { return "GroupedCrossAttention"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return kInputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     if (index == kRowQueries || index == kNarrow || index == kWide) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

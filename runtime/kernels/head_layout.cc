@@ -195,10 +195,8 @@ class HeadsToPackedKernel {
   }
 };
 
-struct PackedToHeadsOp : Ort::CustomOpBase<PackedToHeadsOp, PackedToHeadsKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new PackedToHeadsKernel(info); }
+struct PackedToHeadsOp : CpuKernelOp<PackedToHeadsOp, PackedToHeadsKernel> {
   const char* GetName() const { return "PackedToHeads"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 4; }  // projections (1, P, 3 x H x Dh), grid rows (N x S), (N, S, W), (N, S, H, Dh)
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
@@ -210,10 +208,8 @@ struct PackedToHeadsOp : Ort::CustomOpBase<PackedToHeadsOp, PackedToHeadsKernel>
   bool GetVariadicOutputHomogeneity() const { return true; }
 };
 
-struct HeadsToPackedOp : Ort::CustomOpBase<HeadsToPackedOp, HeadsToPackedKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new HeadsToPackedKernel(info); }
+struct HeadsToPackedOp : CpuKernelOp<HeadsToPackedOp, HeadsToPackedKernel> {
   const char* GetName() const { return "HeadsToPacked"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 2; }  // heads (N, H, S, Dh), real positions (P)
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

@@ -58,6 +58,14 @@ inline ShapeAndCount shape_and_count(const Ort::ConstValue& value) {
   return {info.GetShape(), static_cast<int64_t>(info.GetElementCount())};
 }
 
+// The base of every op here: a CPU kernel made from the node's kernel info. ONNX Runtime's CustomOpBase calls these
+// through the op's own type, which finds them here; each op adds its name and its inputs' and outputs' types.
+template <typename Op, typename Kernel>
+struct CpuKernelOp : Ort::CustomOpBase<Op, Kernel> {
+  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new Kernel(info); }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+};
+
 // Whether the node feeds its input `index`: an absent optional input has an empty name or lies past the node's inputs.
 inline bool has_input(const Ort::ConstKernelInfo& info, size_t index) {
   return index < info.GetInputCount() && !info.GetInputName(index).empty();

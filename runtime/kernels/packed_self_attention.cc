@@ -233,10 +233,8 @@ class PackedSelfAttentionKernel {
   WeightedValues weigh_ = nullptr;
 };
 
-struct PackedSelfAttentionOp : Ort::CustomOpBase<PackedSelfAttentionOp, PackedSelfAttentionKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new PackedSelfAttentionKernel(info); }
+struct PackedSelfAttentionOp : CpuKernelOp<PackedSelfAttentionOp, PackedSelfAttentionKernel> {
   const char* GetName() const { return "PackedSelfAttention"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return kInputs; }  // projections, layout, real positions, bias
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == kLayout || index == kReal ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;

@@ -535,10 +535,8 @@ class QuantizedMatMulKernel {
   bool relu_ = false, has_residual_ = false, vnni_ = false, amx_ = false;
 };
 
-struct QuantizedMatMulOp : Ort::CustomOpBase<QuantizedMatMulOp, QuantizedMatMulKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new QuantizedMatMulKernel(info); }
+struct QuantizedMatMulOp : CpuKernelOp<QuantizedMatMulOp, QuantizedMatMulKernel> {
   const char* GetName() const { return "QuantizedMatMul"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return kInputs; }  // x, weight, weight scale, weight zero point, bias, residual
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == kWeight || index == kWeightZeroPoint ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;

@@ -78,10 +78,8 @@ class RowQuantizeKernel {
   int zero_point_ = 0;
 };
 
-struct RowQuantizeOp : Ort::CustomOpBase<RowQuantizeOp, RowQuantizeKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new RowQuantizeKernel(info); }
+struct RowQuantizeOp : CpuKernelOp<RowQuantizeOp, RowQuantizeKernel> {
   const char* GetName() const { return "RowQuantize"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t /*index*/) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
   size_t GetOutputTypeCount() const { return 2; }  // levels, row scales

@@ -279,10 +279,8 @@ class SelfAttentionKernel {
 
 // One op per cache type (ONNX Runtime merges ops of one name into one schema whose cache type is either).
 template <ONNXTensorElementDataType CacheType>
-struct SelfAttentionOp : Ort::CustomOpBase<SelfAttentionOp<CacheType>, SelfAttentionKernel> {
-  void* CreateKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) const { return new SelfAttentionKernel(info); }
+struct SelfAttentionOp : CpuKernelOp<SelfAttentionOp<CacheType>, SelfAttentionKernel> {
   const char* GetName() const { return "GroupQueryAttention"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   // query, key, value, past key, past value, seqlens_k, total_sequence_length, cos, sin, position ids, attention bias,
   // head sink, key scale, value scale
   size_t GetInputTypeCount() const { return 14; }
