@@ -22,7 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nmt_serve.runtime.source_layout import SourceLayout
+try:  # built by nmt-build-kernels from runtime/kernels/cache_moves.c; without it the copies run in numpy
+    from nmt_serve.runtime import _cache_moves as native_cache_moves
+except ImportError:
+    native_cache_moves = None
 
 # Source buffers are not narrowed below this width (a narrower call saves little and would rebind often).
 MIN_SOURCE_WIDTH = 16
@@ -61,6 +64,21 @@ def fitted_width(width_cap: int, needed: int, spare: int | None = None) -> int:
 def narrow_name(cross_name: str) -> str:
     """The decoder input of the narrow group that matches one of the encoder's cross K/V outputs."""
     return f"{NARROW_PREFIX}{cross_name}"
+
+
+def copy_source(destinations: list[np.ndarray], origins: list[np.ndarray], place: int, row: int, width: int) -> None:
+    """For each pair: origin[row]'s first `width` columns into destination[place] and the destination's columns past
+    `width` zeroed (False in a mask). Arrays: (items, H, width, Dh) cross K/V or (items, width) masks, one item type a pair.
+
+    One compiled call for a source's every layer and its mask where numpy takes two slice assignments a tensor (26 for
+    the default model), each costing microseconds right after a decoder call has flushed the CPU caches."""
+    if native_cache_moves is not None and all(array.flags.c_contiguous for array in (*destinations, *origins)):
+        native_cache_moves.copy_sources(destinations, origins, place, row, width, True)
+        return
+    for destination, origin in zip(destinations, origins, strict=True):
+        columns = (slice(None),) * (destination.ndim - 3)  # the heads' axis of a cross K/V tensor
+        destination[(place, *columns, slice(width))] = origin[(row, *columns, slice(width))]
+        destination[(place, *columns, slice(width, None))] = 0
 
 
 def grown(array: np.ndarray, shape: tuple[int, ...], fill: int = 0, kept: tuple[int, ...] = ()) -> np.ndarray:
@@ -133,18 +151,18 @@ class SourceGroup:
         self.keys[: len(cut)][cut] = NO_SOURCE
         return True
 
-    def fill(self, layout: SourceLayout, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> int:
-        """Copy into each place the source the layout gives it, unless it holds it already; returns how many were copied."""
-        sources = len(layout.source_keys)
-        width = min(self.width, pool_mask.shape[1])  # every source of the group fits in both
-        stale = np.flatnonzero(self.keys[:sources] != layout.source_keys)
-        for place, slot in zip(stale.tolist(), layout.source_slots[stale].tolist(), strict=True):
-            for buffer, pool in zip(self.cross, pool_cross, strict=True):  # basic indexing: no temporary copy
-                buffer[place, :, :width] = pool[slot, :, :width]
-            self.mask[place, :width] = pool_mask[slot, :width]
-            self.mask[place, width:] = False
-        if stale.size:
-            self.keys[stale] = layout.source_keys[stale]
+    def fill(self, source_keys: list[int], source_slots: list[int], pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> int:
+        """Copy into each place the source a layout gives it (its key and pool slot), unless it holds it already;
+        returns how many were copied."""
+        sources = len(source_keys)
+        held = self.keys[:sources].tolist() if sources else []
+        stale = [place for place, (key, holds) in enumerate(zip(source_keys, held, strict=True)) if key != holds]
+        if stale:
+            width = min(self.width, pool_mask.shape[1])  # every source of the group fits in both
+            destinations, origins = [*self.cross, self.mask], [*pool_cross, pool_mask]
+            for place in stale:
+                copy_source(destinations, origins, place, source_slots[place], width)
+                self.keys[place] = source_keys[place]
         self.sources = sources
         return len(stale)
 

@@ -8,13 +8,15 @@ most repeats its first row), and `row_queries` says where each row's result is i
 (sources x queries) output.
 
 Two implementations with equal results (a property test holds them equal): plain Python for
-small calls, where each of the numpy version's ~15 calls costs several microseconds right after a
-decoder run has flushed the CPU caches, and numpy for large ones.
+small calls (on lists, `source_layout_lists`, for a caller that keeps a few rows on lists), where
+each of the numpy version's ~15 calls costs several microseconds right after a decoder run has
+flushed the CPU caches, and numpy for large ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,14 +45,32 @@ def source_layout(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) -> Sour
     return source_layout_python(keys, slots, held) if len(keys) <= PYTHON_LAYOUT_ROWS else source_layout_numpy(keys, slots, held)
 
 
+class SourceLayoutLists(NamedTuple):
+    """SourceLayout as Python lists (`source_layout_lists`), for a caller that lays out a few rows without numpy."""
+
+    source_keys: list[int]
+    source_slots: list[int]
+    source_queries: list[list[int]]  # each `queries` long
+    row_queries: list[int]
+    queries: int  # per source: the most rows reading one (at least MIN_QUERIES), 0 without a source
+
+
 def source_layout_python(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) -> SourceLayout:
-    row_keys, row_slots = keys.tolist(), slots.tolist()
+    lists = source_layout_lists(keys.tolist(), slots.tolist(), held.tolist())
+    sources = len(lists.source_keys)
+    return SourceLayout(np.array(lists.source_keys, dtype=np.int64), np.array(lists.source_slots, dtype=np.int64),
+                        np.array(lists.source_queries, dtype=np.int64).reshape(sources, lists.queries),
+                        np.array(lists.row_queries, dtype=np.int64))  # fmt: skip
+
+
+def source_layout_lists(row_keys: list[int], row_slots: list[int], held: list[int]) -> SourceLayoutLists:
+    """`source_layout` on lists (held: the keys the first places hold now; those past the new source count are ignored)."""
     first_row: dict[int, int] = {}
     for row, key in enumerate(row_keys):
         first_row.setdefault(key, row)
     ordered = sorted(first_row)
     sources = len(ordered)
-    held_at = {key: place for place, key in enumerate(held[:sources].tolist())}
+    held_at = {key: place for place, key in enumerate(held[:sources])}
     place_of: dict[int, int] = {key: held_at[key] for key in ordered if key in held_at}
     free = iter(sorted(set(range(sources)) - set(place_of.values())))
     for key in ordered:
@@ -69,8 +89,7 @@ def source_layout_python(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) 
         for rank, row in enumerate(rows):
             row_queries[row] = place * queries + rank
     source_queries = [rows + [rows[0]] * (queries - len(rows)) for rows in rows_of]
-    return SourceLayout(np.array(source_keys, dtype=np.int64), np.array(source_slots, dtype=np.int64),
-                        np.array(source_queries, dtype=np.int64).reshape(sources, queries), np.array(row_queries, dtype=np.int64))  # fmt: skip
+    return SourceLayoutLists(source_keys, source_slots, source_queries, row_queries, queries)
 
 
 def source_layout_numpy(keys: np.ndarray, slots: np.ndarray, held: np.ndarray) -> SourceLayout:

@@ -34,7 +34,7 @@ import onnxruntime as ort
 
 from nmt_serve.model.config import ModelConfig
 from nmt_serve.runtime.source_group import NARROW_PREFIX, NARROW_SOURCE_WIDTH, SourceGroup, grown, narrow_name
-from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout
+from nmt_serve.runtime.source_layout import MIN_QUERIES, SourceLayout, source_layout, source_layout_lists
 
 try:  # built by nmt-build-kernels from runtime/kernels/cache_moves.c; without it the moves run in numpy
     from nmt_serve.runtime import _cache_moves as native_cache_moves
@@ -147,6 +147,7 @@ class StepCache:
         self._position_items = memoryview(self._positions)
         self._slot_id_items = memoryview(self._slot_ids)
         self._tgt_id_items = memoryview(self._tgt_ids.reshape(-1))
+        self._row_query_items = memoryview(self._row_queries)
         self._log_probs_view, self._log_probs_view_rows = self._log_probs[:0], 0  # what `run` returns, made when rows change
 
     def _view_candidates(self) -> None:
@@ -208,7 +209,12 @@ class StepCache:
                 self._arrange_rows(parents, in_place)
         key_list = source_keys if isinstance(source_keys, list) else np.asarray(source_keys, dtype=np.int64).tolist()
         if key_list != self._row_key_list:
-            self._arrange_sources(np.asarray(source_keys, dtype=np.int64), np.asarray(source_slots, dtype=np.int64), pool_cross, pool_mask)
+            if rows <= PYTHON_LAYOUT_ROWS:
+                slot_list = source_slots if isinstance(source_slots, list) else np.asarray(source_slots, dtype=np.int64).tolist()
+                self._arrange_few_sources(list(key_list), slot_list, pool_cross, pool_mask)
+            else:
+                keys, slots = np.asarray(source_keys, dtype=np.int64), np.asarray(source_slots, dtype=np.int64)
+                self._arrange_sources(keys, slots, pool_cross, pool_mask)
         if isinstance(tgt_ids, list) and rows <= PYTHON_LAYOUT_ROWS:
             items = self._tgt_id_items
             for row, token in enumerate(tgt_ids):
@@ -321,7 +327,7 @@ class StepCache:
             places = len(layout.source_keys)
             if group.fit(max(places, int(dummy)), group.width_for(longest)):
                 self._forget_bindings()
-            self.sources_copied += group.fill(layout, pool_cross, pool_mask)
+            self.sources_copied += group.fill(layout.source_keys.tolist(), layout.source_slots.tolist(), pool_cross, pool_mask)
             if group.bind_queries(self._group_queries(layout, rows, queries, dummy)):
                 self._forget_bindings()
             if not places and dummy:
@@ -331,6 +337,44 @@ class StepCache:
             self._row_queries[rows] = (offset + place) * queries + rank
             offset += group.bound
         self._row_key_list = keys.tolist()
+
+    def _arrange_few_sources(self, keys: list[int], slots: list[int], pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
+        """`_arrange_sources` on lists, for at most PYTHON_LAYOUT_ROWS rows: the same places, copies and queries, with a
+        few numpy calls where it made about forty (a new request's first step at batch 1 spent 1.5%-2% of the
+        request's time in them: each costs microseconds right after a decoder call has flushed the CPU caches)."""
+        check_wide = pool_mask.shape[1] > NARROW_SOURCE_WIDTH  # see `_arrange_sources`: one mask column tells
+        narrow_rows: list[int] = []
+        wide_rows: list[int] = []
+        for row, slot in enumerate(slots):
+            (wide_rows if check_wide and pool_mask[slot, NARROW_SOURCE_WIDTH] else narrow_rows).append(row)
+        wide_slots = {slots[row] for row in wide_rows}
+        longest_wide = max(int(np.count_nonzero(pool_mask[slot])) for slot in wide_slots) if wide_slots else None
+        grouped = [(self.narrow, narrow_rows, None), (self.wide, wide_rows, longest_wide)]
+        layouts = [source_layout_lists([keys[row] for row in rows], [slots[row] for row in rows],
+                                       group.keys[: group.sources].tolist() if group.sources else [])
+                   for group, rows, _ in grouped]  # fmt: skip
+        queries = max(MIN_QUERIES, *(layout.queries for layout in layouts)) if keys else 0
+        offset = 0
+        dummy = self.dummy_places and len(keys) > 0
+        row_queries = self._row_query_items
+        for (group, rows, longest), layout in zip(grouped, layouts, strict=True):
+            places = len(layout.source_keys)
+            if group.fit(max(places, int(dummy)), group.width_for(longest)):
+                self._forget_bindings()
+            self.sources_copied += group.fill(layout.source_keys, layout.source_slots, pool_cross, pool_mask)
+            by_call = [[rows[row] for row in readers] + [rows[readers[0]]] * (queries - len(readers)) for readers in layout.source_queries]
+            if not by_call and dummy:
+                by_call = [[0] * queries]
+            if group.bind_queries(np.array(by_call, dtype=np.int64).reshape(len(by_call), queries)):
+                self._forget_bindings()
+            if not places and dummy:
+                group.dummy_place()
+            local_queries = max(layout.queries, 1)
+            for row, flat in zip(rows, layout.row_queries, strict=True):
+                place, rank = divmod(flat, local_queries)
+                row_queries[row] = (offset + place) * queries + rank
+            offset += group.bound
+        self._row_key_list = keys
 
     @staticmethod
     def _group_queries(layout: SourceLayout, rows: np.ndarray, queries: int, dummy: bool) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""The step cache's row moves compiled (runtime/kernels/cache_moves.c, built by runtime/build_extensions.py) against their
-numpy form in StepCache._copy_rows: the same cache bytes, slot lineage and count of slots copied."""
+"""The step cache's row moves and the sources' copies compiled (runtime/kernels/cache_moves.c, built by
+runtime/build_extensions.py) against their numpy forms (StepCache._copy_rows, source_group.copy_source): the same cache
+bytes, slot lineage and count of slots copied."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from nmt_serve.runtime import step_cache
+from nmt_serve.runtime import source_group, step_cache
 from nmt_serve.runtime.step_cache import StepCache
 from tests.extensions import compiled_extension
 
@@ -91,3 +92,46 @@ def test_moves_without_firsts_start_at_the_first_slot_whose_lineage_differs(comp
     assert ids[1].tolist() == [1, 2, 3, 4, 5, 6]
     assert compiled.copy_rows(moved, ids, [1], [0], None, [6]) == 0  # the same lineage now: nothing to copy
     assert compiled.copy_rows(moved, ids, [0], [2], None, [2]) == 2  # 0 in the origin: never proven equal
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_compiled_source_copies_give_the_numpy_copies(compiled: ModuleType, monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """A source's every tensor and its mask copied into a place of wider buffers (the engine's pool, a step cache group)
+    by the compiled call and by numpy: the same bytes, the place's columns past the source zeroed, other places kept."""
+    rng = np.random.default_rng(np.dtype(dtype).itemsize)
+    for _ in range(20):
+        width, places, items = int(rng.integers(0, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        wide = width + int(rng.integers(0, 6))
+        origins = [rng.integers(-100, 100, size=(items, 3, width + int(rng.integers(0, 3)), 5)).astype(dtype) for _ in range(4)]
+        origins.append(rng.integers(0, 2, size=(items, width + 1)).astype(bool))
+        destinations = [rng.integers(-100, 100, size=(places, 3, wide, 5)).astype(dtype) for _ in range(4)]
+        destinations.append(rng.integers(0, 2, size=(places, wide)).astype(bool))
+        place, row = int(rng.integers(0, places)), int(rng.integers(0, items))
+        expected = [array.copy() for array in destinations]
+        monkeypatch.setattr(source_group, "native_cache_moves", None)
+        source_group.copy_source(expected, origins, place, row, width)
+        monkeypatch.setattr(source_group, "native_cache_moves", compiled)
+        source_group.copy_source(destinations, origins, place, row, width)
+        for got, want, origin in zip(destinations, expected, origins, strict=True):
+            np.testing.assert_array_equal(got, want)
+            if got.ndim == 2:
+                got, origin = got[:, None, :, None], origin[:, None, :, None]
+            np.testing.assert_array_equal(got[place, :, :width], origin[row, :, :width])
+            assert not got[place, :, width:].any()
+
+
+def test_bad_source_copies_are_refused(compiled: ModuleType) -> None:
+    pool, source = np.zeros((2, 3, 8, 4), np.float32), np.ones((1, 3, 5, 4), np.float32)
+    with pytest.raises(ValueError, match="place 2 of 2, row 0 of 1, width 5 of 8 and 5: outside the arrays"):
+        compiled.copy_sources([pool], [source], 2, 0, 5, True)
+    with pytest.raises(ValueError, match="width 6 of 8 and 5"):
+        compiled.copy_sources([pool], [source], 0, 0, 6, True)
+    with pytest.raises(ValueError, match="differ in heads, head dim or item type"):
+        compiled.copy_sources([pool], [source.astype(np.float64)], 0, 0, 5, True)
+    with pytest.raises(ValueError, match="differ in heads"):
+        compiled.copy_sources([pool], [np.ones((1, 5), np.float32)], 0, 0, 5, True)
+    with pytest.raises(ValueError, match="4-D .* or 2-D"):
+        compiled.copy_sources([pool[0]], [source[0]], 0, 0, 5, True)
+    with pytest.raises(ValueError, match="one length"):
+        compiled.copy_sources([pool, pool], [source], 0, 0, 5, True)
+    assert not pool.any()

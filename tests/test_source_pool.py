@@ -54,5 +54,26 @@ def test_source_pool_fit_narrows_only_when_well_below_the_width_and_keeps_the_so
     assert pool.width < 40 and pool.width >= 6
     np.testing.assert_array_equal(pool.cross[0][slot, :, :5], cross[0][0])
     assert pool.src_mask[slot, :5].all() and not pool.src_mask[slot, 5:].any()
+
+
+def test_source_pool_clear_frees_every_slot_and_keeps_small_buffers_whose_reuse_leaves_nothing_stale() -> None:
+    pool = SourcePool(LAYERS, HEADS, HEAD_DIM)
+    pool.store(*encoded([9, 7]))
+    held = [layer.ctypes.data for layer in pool.cross]
+    pool.clear()
+    cross, mask = encoded([4], seed=3)
+    assert pool.store(cross, mask) == [0]  # the lowest slot again, in the same buffers
+    assert [layer.ctypes.data for layer in pool.cross] == held and pool.src_mask.shape == (2, 9)
+    np.testing.assert_array_equal(pool.src_mask[0], np.arange(9) < 4)
+    for layer, values in zip(pool.cross, cross, strict=True):  # the 9-token source's columns past 4 are zeros now
+        np.testing.assert_array_equal(layer[0, :, :4], values[0])
+        assert not layer[0, :, 4:].any()
+
+
+def test_source_pool_clear_gives_back_buffers_over_its_keep_bound() -> None:
+    pool = SourcePool(LAYERS, HEADS, HEAD_DIM, keep_bytes=1000)
+    pool.store(*encoded([9, 7]))
+    assert pool.nbytes > 1000
     pool.clear()
     assert pool.src_mask.shape == (0, 1) and all(layer.shape[0] == 0 for layer in pool.cross)
+    assert pool.store(*encoded([3])) == [0]

@@ -2,6 +2,10 @@
 // (runtime/step_cache.py) does with two numpy slice assignments per moved row, each destination row taking its origin
 // row's cached slots [first, length) of every layer's K and V, and their slot lineage numbers.
 //
+// And the sources' moves (`copy_sources`): an encoded source into the engine's pool slot, a pool slot into a place of a
+// step cache's source group (server/engine/source_pool.py, runtime/source_group.py), every layer's K and V and the mask
+// in one call where numpy took two slice assignments per tensor.
+//
 // Why: a beam step moves the rows whose parents changed; at batch 32 beam 4 about 60-100 rows a step, and each numpy
 // assignment costs microseconds before it copies anything, so the moves took more than three times the copy itself.
 // Here each (tensor, head) block of a move is one memcpy.
@@ -94,11 +98,83 @@ static PyObject* copy_rows(PyObject* module, PyObject* args) {
   return failed ? NULL : PyLong_FromSsize_t(copied);
 }
 
+// The (items, heads, width, depth) extents of a 4-D array, or of a 2-D (items, width) one as (items, 1, width, 1).
+static int source_extents(const Py_buffer* view, Py_ssize_t extents[4], const char* name) {
+  if (view->ndim == 4) {
+    for (int axis = 0; axis < 4; ++axis) extents[axis] = view->shape[axis];
+    return 0;
+  }
+  if (view->ndim == 2) {
+    extents[0] = view->shape[0], extents[1] = 1, extents[2] = view->shape[1], extents[3] = 1;
+    return 0;
+  }
+  PyErr_Format(PyExc_ValueError, "%s must be 4-D (items, heads, width, head dim) or 2-D (items, width), got %d-D", name, view->ndim);
+  return -1;
+}
+
+// One destination/origin pair of copy_sources: origin[row, :, :width] into destination[place, :, :width], and the
+// destination's columns past `width` zeroed when `clear_tail`.
+static int copy_source(PyObject* destination_object, PyObject* origin_object, Py_ssize_t place, Py_ssize_t row, Py_ssize_t width,
+                       int clear_tail, Py_ssize_t pair) {
+  Py_buffer destination, origin;
+  if (PyObject_GetBuffer(destination_object, &destination, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) != 0) return -1;
+  if (PyObject_GetBuffer(origin_object, &origin, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyBuffer_Release(&destination);
+    return -1;
+  }
+  Py_ssize_t to[4], from[4];
+  int failed = source_extents(&destination, to, "a destination") != 0 || source_extents(&origin, from, "an origin") != 0;
+  if (!failed && (to[1] != from[1] || to[3] != from[3] || destination.itemsize != origin.itemsize ||
+                  strcmp(destination.format ? destination.format : "B", origin.format ? origin.format : "B") != 0)) {
+    PyErr_Format(PyExc_ValueError, "pair %zd: the destination and origin differ in heads, head dim or item type", pair);
+    failed = 1;
+  }
+  if (!failed && (place < 0 || place >= to[0] || row < 0 || row >= from[0] || width < 0 || width > to[2] || width > from[2])) {
+    PyErr_Format(PyExc_ValueError, "pair %zd: place %zd of %zd, row %zd of %zd, width %zd of %zd and %zd: outside the arrays", pair,
+                 place, to[0], row, from[0], width, to[2], from[2]);
+    failed = 1;
+  }
+  if (!failed) {
+    const size_t column = (size_t)(to[3] * destination.itemsize);
+    for (Py_ssize_t head = 0; head < to[1]; ++head) {
+      char* target = (char*)destination.buf + ((place * to[1] + head) * to[2]) * column;
+      const char* source = (const char*)origin.buf + ((row * from[1] + head) * from[2]) * column;
+      memcpy(target, source, (size_t)width * column);
+      if (clear_tail) memset(target + width * column, 0, (size_t)(to[2] - width) * column);
+    }
+  }
+  PyBuffer_Release(&destination);
+  PyBuffer_Release(&origin);
+  return failed ? -1 : 0;
+}
+
+static PyObject* copy_sources(PyObject* module, PyObject* args) {
+  (void)module;
+  PyObject *destinations, *origins;
+  Py_ssize_t place, row, width;
+  int clear_tail;
+  if (!PyArg_ParseTuple(args, "O!O!nnnp", &PyList_Type, &destinations, &PyList_Type, &origins, &place, &row, &width, &clear_tail))
+    return NULL;
+  const Py_ssize_t pairs = PyList_GET_SIZE(destinations);
+  if (PyList_GET_SIZE(origins) != pairs) {
+    PyErr_SetString(PyExc_ValueError, "destinations and origins must be lists of one length");
+    return NULL;
+  }
+  for (Py_ssize_t pair = 0; pair < pairs; ++pair)
+    if (copy_source(PyList_GET_ITEM(destinations, pair), PyList_GET_ITEM(origins, pair), place, row, width, clear_tail, pair) != 0)
+      return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(block, ids, destination, origin, firsts, lengths) -> slots copied: each destination row takes its origin row's "
      "slots [first, length) of every (tensor, head) of the cache block and of the slot ids; firsts None: each move's first "
      "slot whose lineage number differs (or is 0, unknown)"},
+    {"copy_sources", copy_sources, METH_VARARGS,
+     "copy_sources(destinations, origins, place, row, width, clear_tail) -> None: for each pair, origin[row, :, :width] into "
+     "destination[place, :, :width] (4-D (items, heads, width, head dim) or 2-D (items, width) C-ordered arrays of one item "
+     "type), and the destination's columns past width zeroed when clear_tail"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "_cache_moves",
