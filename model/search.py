@@ -315,6 +315,12 @@ class GreedySearch(Searcher):
         options = self.options
         return options.repetition_penalty == 1.0 and options.no_repeat_ngram_size == 0 and len(self.rows[0]) >= len(options.target_prefix)
 
+    def step_state(self) -> tuple[list[tuple[int, ...]], list[float], list[int], int, int, int]:
+        """What a compiled steady greedy step (runtime/kernels/greedy_step.c) reads and extends in place, as `extend_one`
+        does while the row continues: the row list, the score list, the next-token list (the same list objects while the
+        search runs), then `min_output_tokens`, the most tokens the row may have and EOS."""
+        return self.rows, self._row_scores, self._next_tokens, self.options.min_output_tokens, self.max_length, self.eos_id
+
     def extend_one(self, token: int, score: float) -> list[int] | None:
         """`_extend` for the one row of a greedy search, without the general path's lists (it runs per request per step)."""
         tokens = self.rows[0]

@@ -21,6 +21,7 @@ from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome
 from nmt_serve.server.engine.row_placement import place_rows_numpy, place_rows_python
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from tests.extensions import compiled_extension
 
 SOURCES = [[5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]]
 GREEDY_LONG = SearchOptions(beam_size=1, min_output_tokens=8, max_output_tokens=14)
@@ -33,6 +34,26 @@ def runtime(tiny_model_dir: Path) -> Runtime:
     runtime = Runtime(tiny_model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8))
     runtime.warm_up()
     return runtime
+
+
+@pytest.fixture
+def python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steady greedy steps made in Python (StepCache.continue_in_place, then run), for tests that count or fail
+    `StepCache.run`: the compiled steady step (runtime/kernels/greedy_step.c) runs the session itself. Both paths give
+    the same steps (tests/test_greedy_step.py)."""
+    monkeypatch.setattr(engine_module, "native_greedy_step", None)
+
+
+@pytest.fixture(scope="module")
+def compiled_greedy_step(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The compiled steady greedy step built in this session from its source (tests/extensions.py)."""
+    return compiled_extension("greedy_step", tmp_path_factory.mktemp("greedy_step"))
+
+
+def use_steps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, steps: str) -> None:
+    """Steady greedy steps made in Python ("python") or by the compiled step built in this session ("compiled")."""
+    compiled = request.getfixturevalue("compiled_greedy_step") if steps == "compiled" else None
+    monkeypatch.setattr(engine_module, "native_greedy_step", compiled)
 
 
 def alone(model_dir: Path, source: list[int], options: SearchOptions) -> list[Hypothesis]:
@@ -79,12 +100,22 @@ def record_calls(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     return calls
 
 
-def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, frozenset[int]]], list[int]]:
-    """Per decoder call, which layout path it took ("arrange" or "in place") and the requests in it; and the
-    rows a short-path call fed another request's token (each row must get its own request's)."""
+LayoutPaths = tuple[list[tuple[str, frozenset[int]]], list[int], list[int]]
+
+
+def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> LayoutPaths:
+    """Per decoder call, which layout path it took ("arrange" or "in place": Python's `continue_in_place` or the
+    compiled steady greedy step) and the requests in it; the rows a short-path call fed another request's token
+    (each row must get its own request's); and the calls (their index) the compiled step made."""
     calls: list[tuple[str, frozenset[int]]] = []
+    compiled: list[int] = []
     misrouted: list[int] = []
+    compiled_feeds: list[dict[int, int]] = []  # the tokens each row is due in the compiled step about to run
     real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
+    real_args, real_stepped = StepCache.greedy_step_args, StepCache.stepped_in_place
+
+    def due() -> dict[int, int]:
+        return {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
 
     def arrange(cache: StepCache, *args: object, **kwargs: object) -> None:
         calls.append(("arrange", frozenset(job.job_id for job in engine.active)))
@@ -93,12 +124,25 @@ def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tupl
     def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
         calls.append(("in place", frozenset(job.job_id for job in engine.active)))
         real_continue(cache, tgt_ids)
-        fed = {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
-        misrouted.extend(row for row, token in fed.items() if cache._tgt_ids[row, 0] != token)
+        misrouted.extend(row for row, token in due().items() if cache._tgt_ids[row, 0] != token)
+
+    def greedy_step_args(cache: StepCache) -> tuple[object, ...] | None:
+        args = real_args(cache)
+        if args is not None:
+            compiled_feeds.append(due())
+        return args
+
+    def stepped_in_place(cache: StepCache) -> None:
+        compiled.append(len(calls))
+        calls.append(("in place", frozenset(job.job_id for job in engine.active)))
+        misrouted.extend(row for row, token in compiled_feeds[-1].items() if cache._tgt_ids[row, 0] != token)
+        real_stepped(cache)
 
     monkeypatch.setattr(StepCache, "arrange", arrange)
     monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
-    return calls, misrouted
+    monkeypatch.setattr(StepCache, "greedy_step_args", greedy_step_args)
+    monkeypatch.setattr(StepCache, "stepped_in_place", stepped_in_place)
+    return calls, misrouted, compiled
 
 
 @pytest.mark.parametrize("layout", ["lists", "numpy"])
@@ -179,6 +223,7 @@ def test_engine_narrows_its_source_buffers_once_a_long_source_leaves_and_each_eq
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_busy_batch_takes_newcomers_in_groups_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """join_wait_steps 3, join_group 2: one newcomer waits 3 steps, two join at once, and outputs do not change."""
@@ -201,6 +246,7 @@ def test_engine_busy_batch_takes_newcomers_in_groups_and_each_equals_alone(runti
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_cancelled_request_leaves_within_one_step(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = record_calls(runtime, monkeypatch)
     engine = Engine(runtime)
@@ -216,6 +262,7 @@ def test_engine_cancelled_request_leaves_within_one_step(runtime: Runtime, tiny_
     assert_same(survivor, alone(tiny_model_dir, SOURCES[0], GREEDY_LONG))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_expired_request_never_reaches_the_model(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = record_calls(runtime, monkeypatch)
     engine = Engine(runtime)
@@ -238,6 +285,7 @@ def test_engine_request_expiring_mid_decode_leaves_the_batch(runtime: Runtime, t
     assert_same(other, alone(tiny_model_dir, SOURCES[2], BEAM3))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_row_budget_bounds_every_call(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = record_calls(runtime, monkeypatch)
     engine = Engine(runtime, EngineLimits(max_rows=4))
@@ -248,6 +296,7 @@ def test_engine_row_budget_bounds_every_call(runtime: Runtime, tiny_model_dir: P
         assert_same(job, alone(tiny_model_dir, source, BEAM3))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(runtime)
     real_run = StepCache.run
@@ -269,6 +318,7 @@ def test_engine_failed_step_fails_its_requests_and_keeps_serving(runtime: Runtim
     assert_same(later, alone(tiny_model_dir, SOURCES[4], BEAM3))
 
 
+@pytest.mark.usefixtures("python_steps")
 def test_engine_out_of_memory_drops_the_largest_request_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Out of memory: the decoder call fails for memory mid-decode (beam rows have just been reordered);
@@ -347,12 +397,16 @@ def test_engine_rows_stay_in_place_and_a_leaving_request_moves_only_its_rows(run
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+@pytest.mark.parametrize("steps", ["python", "compiled"])
 def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runtime: Runtime, tiny_model_dir: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Between joins and leaves, a step of greedy requests only feeds each row its token (StepCache.continue_in_place);
-    a join, a leave or a beam request sends the step back through the full layout, and every output equals alone."""
+                                                                           monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                                           steps: str) -> None:  # fmt: skip
+    """Between joins and leaves, a step of greedy requests only feeds each row its token (StepCache.continue_in_place,
+    or the compiled steady step); a join, a leave or a beam request sends the step back through the full layout, and
+    every output equals alone."""
+    use_steps(request, monkeypatch, steps)
     engine = Engine(runtime)
-    calls, _ = record_layout_paths(engine, monkeypatch)
+    calls, misrouted, compiled = record_layout_paths(engine, monkeypatch)
     short = SearchOptions(beam_size=1, min_output_tokens=3, max_output_tokens=3)
     plan = [(0, SOURCES[0], GREEDY_LONG), (0, SOURCES[1], short), (6, SOURCES[2], GREEDY_LONG), (9, SOURCES[3], BEAM3)]
     jobs: list[tuple[Job, list[int], SearchOptions]] = []
@@ -364,7 +418,9 @@ def test_engine_steady_greedy_steps_only_feed_tokens_and_each_equals_alone(runti
     pairs = zip(calls, calls[1:], strict=False)
     expected = ["in place" if requests == before and not requests & beam_ids else "arrange" for (_, before), (_, requests) in pairs]
     assert [path for path, _ in calls[1:]] == expected
-    assert expected.count("in place") >= 4 and calls[0][0] == "arrange"
+    assert expected.count("in place") >= 4 and calls[0][0] == "arrange" and not misrouted
+    # The compiled step makes every short-path call where it is built in, none where it is not.
+    assert compiled == ([index + 1 for index, path in enumerate(expected) if path == "in place"] if steps == "compiled" else [])
     for job, source, options in jobs:
         assert_same(job, alone(tiny_model_dir, source, options))
 
@@ -414,33 +470,54 @@ def test_a_request_keeping_its_row_count_keeps_its_places(data: st.DataObject) -
         first += count
 
 
-def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_equal_alone(runtime: Runtime, tiny_model_dir: Path,
-                                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Out of memory on the short path: the decoder call of a steady greedy step (only tokens fed) fails
-    for memory; the request holding the most cache leaves with OUT_OF_MEMORY and the retried call keeps the
-    others exactly on their alone-results."""
+@pytest.mark.parametrize("steps", ["python", "compiled"])
+def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_equal_alone(
+        runtime: Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, steps: str) -> None:
+    """Out of memory on the short path: the decoder call of a steady greedy step (only tokens fed, in Python or in the
+    compiled step) fails for memory; the request holding the most cache leaves with OUT_OF_MEMORY and the retried call
+    keeps the others exactly on their alone-results."""
+    use_steps(request, monkeypatch, steps)
     engine = Engine(runtime)
-    real_run = StepCache.run
+    real_run, real_continue, real_args = StepCache.run, StepCache.continue_in_place, StepCache.greedy_step_args
     state = {"failed": 0, "in_place_calls": 0}
-    real_continue = StepCache.continue_in_place
+    message = "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576"
+
+    def failing_now() -> bool:
+        state["in_place_calls"] += 1
+        if state["in_place_calls"] == 3 and not state["failed"]:  # the third short-path step
+            state["failed"] += 1
+            return True
+        return False
 
     def continue_in_place(cache: StepCache, tgt_ids: np.ndarray) -> None:
-        state["in_place_calls"] += 1
+        state["python_fails"] = failing_now()
         real_continue(cache, tgt_ids)
 
     def run(cache: StepCache) -> np.ndarray:
-        if state["in_place_calls"] == 3 and not state["failed"]:  # the third short-path step
-            state["failed"] += 1
-            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576")
+        if state.pop("python_fails", False):
+            raise RuntimeError(message)
         return real_run(cache)
+
+    def greedy_step_args(cache: StepCache) -> tuple[object, ...] | None:
+        args = real_args(cache)
+        if args is None or not failing_now():
+            return args
+        state["compiled_failed"] = 1
+
+        def run_out_of_memory(binding: object) -> None:
+            raise RuntimeError(message)
+
+        return (run_out_of_memory, *args[1:])
 
     monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
     monkeypatch.setattr(StepCache, "run", run)
+    monkeypatch.setattr(StepCache, "greedy_step_args", greedy_step_args)
     longest = SearchOptions(beam_size=1, min_output_tokens=20, max_output_tokens=20)  # the most cache when it fails
     plan = [(SOURCES[3], longest), (SOURCES[0], GREEDY_LONG), (SOURCES[2], GREEDY_LONG)]
     jobs = [engine.submit(source, options) for source, options in plan]
     run_until_done(engine, jobs)
     assert state["failed"] == 1 and jobs[0].outcome is Outcome.OUT_OF_MEMORY
+    assert state.get("compiled_failed", 0) == (steps == "compiled")  # the failure met the path under test
     for job, (source, options) in zip(jobs[1:], plan[1:], strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
 
@@ -451,7 +528,7 @@ def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime:
     every later step with the same greedy requests still takes the short path (each token to its
     request's row), and every output equals alone."""
     engine = Engine(runtime)
-    calls, misrouted = record_layout_paths(engine, monkeypatch)  # the tiny model's outputs alone could hide a mix-up
+    calls, misrouted, _ = record_layout_paths(engine, monkeypatch)  # the tiny model's outputs alone could hide a mix-up
     short = SearchOptions(beam_size=1, min_output_tokens=2, max_output_tokens=2)
     # Forced prefixes make every request feed different tokens (the tiny model alone picks the same ones).
     longs = [SearchOptions(beam_size=1, min_output_tokens=10, max_output_tokens=10, target_prefix=tuple(range(first, first + 7)))

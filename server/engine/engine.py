@@ -28,6 +28,11 @@ from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_r
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.engine.source_pool import SourcePool
 
+try:  # built by nmt-build-kernels from runtime/kernels/greedy_step.c; without it a steady greedy step runs in Python
+    from nmt_serve.runtime import _greedy_step as native_greedy_step
+except ImportError:
+    native_greedy_step = None
+
 logger = logging.getLogger(__name__)
 
 
@@ -101,6 +106,9 @@ class Engine:
         # TopK answers), and whether any greedy request was left out (one not yet batchable: steady steps look again).
         self._greedy_jobs: list[Job] = []
         self._greedy_left_out = False
+        # The steady greedy requests' search states for the compiled step (GreedySearch.step_state), made at the first
+        # such step after the requests changed; [] where a request streams its tokens (its callback runs in Python).
+        self._greedy_states: list[tuple[object, ...]] | None = None
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -170,6 +178,11 @@ class Engine:
             self._pool.clear()
             return
         shed = False
+        if not joined and len(self.active) == self._steady_greedy_jobs:
+            made = self._compiled_greedy_step()
+            if made:
+                return
+            shed = made is False
         while True:
             candidate_jobs: dict[int, tuple[int, int]] = {}
             try:
@@ -198,6 +211,57 @@ class Engine:
         self._advance(log_probs, candidate_jobs)
         self.profile.search_s += time.perf_counter() - searched
 
+    def _compiled_greedy_step(self) -> bool | None:
+        """A steady greedy step (the same requests as the last step, all greedy) in one compiled call
+        (runtime/kernels/greedy_step.c: the same stores, run and choices as `_arrange_in_place`, `_run_decoder` and
+        `_advance`), where it applies: each request in its own row in order, all in the candidate rows, none streaming
+        its tokens, the call's binding kept and room in the rows' caches. True: the step is made. None: it is not (the
+        Python path makes it). False: the run ran out of memory and the largest request left (the Python path lays the
+        rest out and runs again)."""
+        if native_greedy_step is None or not self._rows_in_order or self._greedy_left_out:
+            return None
+        if self._greedy_states is None:
+            streaming = any(job.on_tokens is not None for job in self.active)
+            self._greedy_states = [] if streaming else [job.searcher.step_state() for job in self.active]  # type: ignore[union-attr]
+        args = self._cache.greedy_step_args()
+        if not self._greedy_states or args is None:
+            return None
+        decoding = time.perf_counter()
+        try:
+            ending = native_greedy_step.step(*args, self._greedy_states)
+        except Exception as error:  # as `_step` handles a failed run
+            if not is_out_of_memory(error) or len(self.active) == 1:
+                self._fail_all(error)
+                return True
+            self._shed_largest(error, self._cache.rows)
+            return False
+        self._cache.stepped_in_place()
+        self.profile.decode_s += time.perf_counter() - decoding
+        self._last_rows = self._cache.rows
+        if self.observer is not None:
+            self._last_padding = self._cache.padding_ratio()
+        for job in self.active:
+            job.steps += 1
+        if ending:
+            self._end_greedy(ending)
+        return True
+
+    def _end_greedy(self, ending: list[tuple[int, int, float]]) -> None:
+        """The requests a compiled greedy step ended (EOS, or their length reached): (row, token, score) each, their
+        searchers as the step left them; `extend_one` ends each as `_advance` would."""
+        ended = set()
+        for row, token, score in ending:
+            job = self.active[row]
+            job.searcher.extend_one(token, score)  # type: ignore[union-attr]
+            self._finish(job, Outcome.OK)
+            ended.add(row)
+        self.active = [job for row, job in enumerate(self.active) if row not in ended]
+        self._steady_greedy_jobs = 0
+        self._greedy_states = None
+        if not self.active:
+            self._cache.clear()
+            self._pool.clear()
+
     def _fail_all(self, error: BaseException) -> None:
         """Every active request gets FAILED (or OUT_OF_MEMORY) and the caches are dropped; the engine serves on."""
         outcome = Outcome.OUT_OF_MEMORY if is_out_of_memory(error) else Outcome.FAILED
@@ -206,7 +270,7 @@ class Engine:
             self.observer.engine_failed()
         for job in self.active:
             self._finish(job, outcome, error if outcome is Outcome.FAILED else MemoryError(OUT_OF_MEMORY_MESSAGE))
-        self.active, self._steady_greedy_jobs = [], 0
+        self.active, self._steady_greedy_jobs, self._greedy_states = [], 0, None
         self._reset_cache()
 
     def _shed_largest(self, error: BaseException, rows: int) -> None:
@@ -224,6 +288,7 @@ class Engine:
         for job in self.active:
             job.local_parents = list(range(job.rows))
         self._steady_greedy_jobs = 0
+        self._greedy_states = None
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -433,6 +498,7 @@ class Engine:
         all_greedy = len(greedy) == len(still_active) or all(isinstance(job.searcher, GreedySearch) for job in still_active)
         steady = len(still_active) == len(self.active) and all_greedy
         self._steady_greedy_jobs = len(still_active) if steady else 0
+        self._greedy_states = None
         self.active = still_active
         if not self.active:
             self._cache.clear()
