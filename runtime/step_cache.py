@@ -40,6 +40,10 @@ try:  # built by nmt-build-kernels from runtime/kernels/cache_moves.c; without i
     from nmt_serve.runtime import _cache_moves as native_cache_moves
 except ImportError:
     native_cache_moves = None
+try:  # from runtime/kernels/greedy_step.c (the engine's steady greedy step); without it that step runs in Python
+    from nmt_serve.runtime import _greedy_step as native_greedy_step
+except ImportError:
+    native_greedy_step = None
 
 INITIAL_ROWS = 8
 MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)

@@ -23,15 +23,11 @@ import numpy as np
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.model.search import GREEDY_CANDIDATES, BeamSearch, GreedySearch, SearchOptions, advance_greedy_candidates, make_searcher
 from nmt_serve.runtime import float_mode
+from nmt_serve.runtime.step_cache import native_greedy_step
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
 from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_rows, place_rows_list, split_rows
 from nmt_serve.server.engine.sessions import Runtime
 from nmt_serve.server.engine.source_pool import SourcePool
-
-try:  # built by nmt-build-kernels from runtime/kernels/greedy_step.c; without it a steady greedy step runs in Python
-    from nmt_serve.runtime import _greedy_step as native_greedy_step
-except ImportError:
-    native_greedy_step = None
 
 logger = logging.getLogger(__name__)
 
