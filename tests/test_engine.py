@@ -522,13 +522,16 @@ def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_e
         assert_same(job, alone(tiny_model_dir, source, options))
 
 
+@pytest.mark.parametrize("steps", ["python", "compiled"])
 def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime: Runtime, tiny_model_dir: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                                        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                                        steps: str) -> None:  # fmt: skip
     """The first request leaves and the top row fills its place, so rows are no longer in request order:
     every later step with the same greedy requests still takes the short path (each token to its
-    request's row), and every output equals alone."""
+    request's row, in Python or in the compiled step), and every output equals alone."""
+    use_steps(request, monkeypatch, steps)
     engine = Engine(runtime)
-    calls, misrouted, _ = record_layout_paths(engine, monkeypatch)  # the tiny model's outputs alone could hide a mix-up
+    calls, misrouted, compiled = record_layout_paths(engine, monkeypatch)  # the tiny model's outputs alone could hide a mix-up
     short = SearchOptions(beam_size=1, min_output_tokens=2, max_output_tokens=2)
     # Forced prefixes make every request feed different tokens (the tiny model alone picks the same ones).
     longs = [SearchOptions(beam_size=1, min_output_tokens=10, max_output_tokens=10, target_prefix=tuple(range(first, first + 7)))
@@ -544,6 +547,7 @@ def test_engine_greedy_rows_out_of_request_order_still_only_feed_tokens(runtime:
     paths = [path for path, _ in calls]
     assert paths[:3] == ["arrange", "in place", "arrange"] and set(paths[3:]) == {"in place"} and len(paths) == 10
     assert not misrouted
+    assert bool(compiled) == (steps == "compiled") and all(index >= 3 for index in compiled[1:])
     for job, (source, options) in zip(jobs, plan, strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
 

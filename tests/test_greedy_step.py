@@ -48,7 +48,7 @@ class CandidateTables:
 
 def test_compiled_steps_choose_score_and_end_as_python_does(compiled: ModuleType) -> None:
     """Random tables over several steps, requests with EOS banned for a while and different lengths: the compiled step
-    feeds each row its request's token, numbers its slot, advances its position, and leaves each searcher as
+    feeds each request's row (in any order) its token, numbers each row's slot, advances its position, and leaves each searcher as
     `advance_greedy_candidates` leaves a copy; a request its token ends is reported with that token and score, untouched."""
     rng = np.random.default_rng(0)
     rows = 5
@@ -68,9 +68,10 @@ def test_compiled_steps_choose_score_and_end_as_python_does(compiled: ModuleType
         expected = copy.deepcopy(active)
         fed_before = [searcher.next_token for searcher in active]
         positions_before = positions[: len(live)].copy()
+        row_of = rng.permutation(len(live)).tolist()  # the requests' rows in the call, in any order (a leave moves rows)
         ending = compiled.step(tables, "binding", tgt_ids, positions, slot_ids, 100 * step, values, ids, STRIDE,
-                               [searcher.step_state() for searcher in active])  # fmt: skip
-        assert tables.fed[-1] == fed_before
+                               [searcher.step_state() for searcher in active], row_of)  # fmt: skip
+        assert [tables.fed[-1][row] for row in row_of] == fed_before
         assert (positions[: len(live)] == positions_before + 1).all()
         assert [slot_ids[row, positions_before[row]] for row in range(len(live))] == [100 * step + row for row in range(len(live))]
         chosen = advance_greedy_candidates(expected, values[: len(live) * STRIDE].tolist(), ids[: len(live) * STRIDE].tolist(), STRIDE)
@@ -86,8 +87,8 @@ def test_compiled_steps_choose_score_and_end_as_python_does(compiled: ModuleType
         keep = [row for row in range(len(live)) if row not in ended]
         positions[: len(keep)] = positions[keep]
         live = [live[row] for row in keep]
-    assert any(searcher.finished[0][2].name == "EOS" for searcher in searchers)
-    assert any(searcher.finished[0][2].name == "LENGTH" for searcher in searchers)
+    reasons = {searcher.finished[0][2].name for searcher in searchers if searcher.finished}
+    assert reasons == {"EOS", "LENGTH"}  # both endings met
 
 
 def test_the_compiled_step_refuses_what_it_cannot_run_and_runs_nothing(compiled: ModuleType) -> None:
@@ -95,17 +96,22 @@ def test_the_compiled_step_refuses_what_it_cannot_run_and_runs_nothing(compiled:
     searcher = GreedySearch(SearchOptions(), 4, BOS, EOS, 64)
     buffers = [np.zeros((2, 1), np.int64), np.zeros(2, np.int64), np.zeros((2, 4), np.int64), 0,
                np.zeros(4, np.float32), np.zeros(4, np.int64)]  # fmt: skip
+    one = [searcher.step_state()]
     with pytest.raises(ValueError, match="two or more candidates per row"):
-        compiled.step(calls.append, None, *buffers, 1, [searcher.step_state()])
+        compiled.step(calls.append, None, *buffers, 1, one, [0])
     with pytest.raises(ValueError, match="every row"):
-        compiled.step(calls.append, None, *buffers, 2, [searcher.step_state()] * 3)
+        compiled.step(calls.append, None, *buffers, 2, one * 3, [0, 1, 2])
     with pytest.raises(TypeError, match="request 0 must be a tuple"):
-        compiled.step(calls.append, None, *buffers, 2, [[1, 2]])
+        compiled.step(calls.append, None, *buffers, 2, [[1, 2]], [0])
     with pytest.raises(ValueError, match="8-byte items"):
-        compiled.step(calls.append, None, np.zeros(2, np.int32), *buffers[1:], 2, [searcher.step_state()])
+        compiled.step(calls.append, None, np.zeros(2, np.int32), *buffers[1:], 2, one, [0])
+    with pytest.raises(ValueError, match="one length"):
+        compiled.step(calls.append, None, *buffers, 2, one, [0, 1])
+    with pytest.raises(ValueError, match="request 1's row 0: the rows must be 0 to 1, one per request"):
+        compiled.step(calls.append, None, *buffers, 2, one * 2, [0, 0])
     buffers[1][0] = 4
     with pytest.raises(ValueError, match="position 4, outside the cache's 4 slots"):
-        compiled.step(calls.append, None, *buffers, 2, [searcher.step_state()])
+        compiled.step(calls.append, None, *buffers, 2, one, [0])
     assert not calls
 
 
@@ -141,8 +147,19 @@ def test_engine_steps_compiled_and_in_python_give_the_same_translations(tiny_mod
     monkeypatch.setattr(engine_module, "native_greedy_step", None)
     in_python = run_plan(runtime, plan, cancel_at=7)
     assert not compiled_steps
-    monkeypatch.setattr(engine_module, "native_greedy_step", compiled)
+    row_orders: list[list[int]] = []
+
+    class Recording:
+        """The compiled step, recording each call's rows per request."""
+
+        @staticmethod
+        def step(*args: object) -> object:
+            row_orders.append(list(args[-1]))  # type: ignore[call-overload]
+            return compiled.step(*args)
+
+    monkeypatch.setattr(engine_module, "native_greedy_step", Recording)
     in_c = run_plan(runtime, plan, cancel_at=7)
+    assert any(rows != sorted(rows) for rows in row_orders)  # steps after a leave moved a row: rows out of request order
     assert len(compiled_steps) >= 10 and max(compiled_steps) >= 3  # steady stretches of one request and of several
     for python_job, c_job in zip(in_python, in_c, strict=True):
         assert (c_job.outcome, c_job.steps) == (python_job.outcome, python_job.steps)

@@ -1,5 +1,5 @@
 // A steady greedy step of the engine as a CPython extension (nmt_serve.runtime._greedy_step): the last decoder call's
-// rows again, row i the one row of greedy request i, each fed the token its request chose. What the engine's
+// rows again, each the one row of a greedy request, fed the token its request chose. What the engine's
 // `_arrange_in_place`, StepCache.continue_in_place / run and `advance_greedy_candidates` do for such a step, in one call:
 // feed each row its token, number the slots the call writes, run the decoder (the caller's bound run), advance the
 // positions, then per request read its row's best two candidates (the graph's TopK), take the first, or the second
@@ -16,6 +16,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 // A C-contiguous view of `object` of `itemsize`-byte items (writable where asked); `name` goes into the error.
 static int view_of(PyObject* object, Py_buffer* view, Py_ssize_t itemsize, int writable, const char* name) {
@@ -84,11 +85,12 @@ static void release(Buffers* buffers) {
   for (int i = 0; i < buffers->held; ++i) PyBuffer_Release(views[i]);
 }
 
-// After the run: each request's choice. Continuing requests are extended in place; the rest are returned.
+// After the run: each request's choice from its candidate row (request i's is candidate row i, whichever row of the
+// call it has). Continuing requests are extended in place; the rest are returned.
 static PyObject* advance(const Request* requests, Py_ssize_t rows, const float* values, const int64_t* ids, Py_ssize_t stride) {
   PyObject* ending = PyList_New(0);
   if (ending == NULL) return NULL;
-  for (Py_ssize_t row = 0; row < rows; ++row) {
+  for (Py_ssize_t row = 0; row < rows; ++row) {  // `row`: the request's index, its candidate row
     const Request* request = &requests[row];
     PyObject* tokens = PyList_GET_ITEM(request->rows, 0);
     const Py_ssize_t length = PyTuple_GET_SIZE(tokens);
@@ -125,19 +127,35 @@ static PyObject* advance(const Request* requests, Py_ssize_t rows, const float* 
 
 static PyObject* step(PyObject* module, PyObject* args) {
   (void)module;
-  PyObject *run, *binding, *tgt_object, *positions_object, *slot_ids_object, *values_object, *ids_object, *request_list;
+  PyObject *run, *binding, *tgt_object, *positions_object, *slot_ids_object, *values_object, *ids_object, *request_list, *row_list;
   long long first_id;
   Py_ssize_t stride;
-  if (!PyArg_ParseTuple(args, "OOOOOLOOnO!", &run, &binding, &tgt_object, &positions_object, &slot_ids_object, &first_id,
-                        &values_object, &ids_object, &stride, &PyList_Type, &request_list))
+  if (!PyArg_ParseTuple(args, "OOOOOLOOnO!O!", &run, &binding, &tgt_object, &positions_object, &slot_ids_object, &first_id,
+                        &values_object, &ids_object, &stride, &PyList_Type, &request_list, &PyList_Type, &row_list))
     return NULL;
   const Py_ssize_t rows = PyList_GET_SIZE(request_list);
-  Request* requests = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * sizeof(Request));
+  if (PyList_GET_SIZE(row_list) != rows) {
+    PyErr_SetString(PyExc_ValueError, "requests and their rows must be lists of one length");
+    return NULL;
+  }
+  // Per request its row, then per row whether a request has it: each row of the call is one request's.
+  Request* requests = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * (sizeof(Request) + sizeof(Py_ssize_t) + 1));
   if (requests == NULL) return PyErr_NoMemory();
+  Py_ssize_t* row_of = (Py_ssize_t*)(requests + (rows > 0 ? rows : 1));
+  char* taken = (char*)(row_of + (rows > 0 ? rows : 1));
+  memset(taken, 0, (size_t)(rows > 0 ? rows : 1));
   Buffers buffers = {.held = 0};
   PyObject* result = NULL;
-  for (Py_ssize_t row = 0; row < rows; ++row)
-    if (request_of(PyList_GET_ITEM(request_list, row), &requests[row], row) != 0) goto done;
+  for (Py_ssize_t index = 0; index < rows; ++index) {
+    if (request_of(PyList_GET_ITEM(request_list, index), &requests[index], index) != 0) goto done;
+    row_of[index] = PyLong_AsSsize_t(PyList_GET_ITEM(row_list, index));
+    if (PyErr_Occurred()) goto done;
+    if (row_of[index] < 0 || row_of[index] >= rows || taken[row_of[index]]) {
+      PyErr_Format(PyExc_ValueError, "request %zd's row %zd: the rows must be 0 to %zd, one per request", index, row_of[index], rows - 1);
+      goto done;
+    }
+    taken[row_of[index]] = 1;
+  }
   if (view_of(tgt_object, &buffers.tgt_ids, 8, 1, "the fed tokens") != 0) goto done;
   buffers.held = 1;
   if (view_of(positions_object, &buffers.positions, 8, 1, "the positions") != 0) goto done;
@@ -157,16 +175,17 @@ static PyObject* step(PyObject* module, PyObject* args) {
   int64_t* tgt_ids = buffers.tgt_ids.buf;
   int64_t* positions = buffers.positions.buf;
   int64_t* slot_ids = buffers.slot_ids.buf;
-  for (Py_ssize_t row = 0; row < rows; ++row) {
+  for (Py_ssize_t row = 0; row < rows; ++row)
     if (positions[row] < 0 || positions[row] >= capacity) {
       PyErr_Format(PyExc_ValueError, "row %zd is at position %lld, outside the cache's %zd slots", row, (long long)positions[row], capacity);
       goto done;
     }
-    tgt_ids[row] = PyLong_AsLongLong(PyList_GET_ITEM(requests[row].next_tokens, 0));
+  for (Py_ssize_t index = 0; index < rows; ++index) {
+    tgt_ids[row_of[index]] = PyLong_AsLongLong(PyList_GET_ITEM(requests[index].next_tokens, 0));
     if (PyErr_Occurred()) goto done;
-    // Numbered before the run, as StepCache.run does: a failed run may have written the slots.
-    slot_ids[row * capacity + positions[row]] = first_id + row;
   }
+  // Numbered before the run, as StepCache.run does: a failed run may have written the slots.
+  for (Py_ssize_t row = 0; row < rows; ++row) slot_ids[row * capacity + positions[row]] = first_id + row;
   PyObject* ran = PyObject_CallOneArg(run, binding);
   if (ran == NULL) goto done;
   Py_DECREF(ran);
@@ -180,9 +199,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"step", step, METH_VARARGS,
-     "step(run, binding, tgt_ids, positions, slot_ids, first_id, candidate_log_probs, candidate_ids, stride, requests) -> "
-     "[(row, token, score)] of the requests this step ends: one steady greedy step (module comment); requests: per row "
-     "(rows, scores, next tokens, min output tokens, max length, eos) of its searcher"},
+     "step(run, binding, tgt_ids, positions, slot_ids, first_id, candidate_log_probs, candidate_ids, stride, requests, rows) -> "
+     "[(request, token, score)] of the requests this step ends: one steady greedy step (module comment); requests: per "
+     "request (rows, scores, next tokens, min output tokens, max length, eos) of its searcher, in candidate-row order; "
+     "rows: per request the row of the call it has"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "_greedy_step",

@@ -102,9 +102,10 @@ class Engine:
         # TopK answers), and whether any greedy request was left out (one not yet batchable: steady steps look again).
         self._greedy_jobs: list[Job] = []
         self._greedy_left_out = False
-        # The steady greedy requests' search states for the compiled step (GreedySearch.step_state), made at the first
-        # such step after the requests changed; [] where a request streams its tokens (its callback runs in Python).
-        self._greedy_states: list[tuple[object, ...]] | None = None
+        # The steady greedy requests' search states for the compiled step (GreedySearch.step_state) and their rows, made at
+        # the first such step after the requests changed; no states where a request streams its tokens (its callback
+        # runs in Python).
+        self._greedy_states: tuple[list[tuple[object, ...]], list[int]] | None = None
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -210,21 +211,23 @@ class Engine:
     def _compiled_greedy_step(self) -> bool | None:
         """A steady greedy step (the same requests as the last step, all greedy) in one compiled call
         (runtime/kernels/greedy_step.c: the same stores, run and choices as `_arrange_in_place`, `_run_decoder` and
-        `_advance`), where it applies: each request in its own row in order, all in the candidate rows, none streaming
-        its tokens, the call's binding kept and room in the rows' caches. True: the step is made. None: it is not (the
+        `_advance`), where it applies: each request in its own row and all in the candidate rows, none streaming its
+        tokens, the call's binding kept and room in the rows' caches. True: the step is made. None: it is not (the
         Python path makes it). False: the run ran out of memory and the largest request left (the Python path lays the
         rest out and runs again)."""
-        if native_greedy_step is None or not self._rows_in_order or self._greedy_left_out:
+        if native_greedy_step is None or self._greedy_left_out:
             return None
         if self._greedy_states is None:
             streaming = any(job.on_tokens is not None for job in self.active)
-            self._greedy_states = [] if streaming else [job.searcher.step_state() for job in self.active]  # type: ignore[union-attr]
+            states = [] if streaming else [job.searcher.step_state() for job in self.active]  # type: ignore[union-attr]
+            self._greedy_states = states, [int(job.row_ids[0]) for job in self.active]
+        states, rows = self._greedy_states
         args = self._cache.greedy_step_args()
-        if not self._greedy_states or args is None:
+        if not states or args is None:
             return None
         decoding = time.perf_counter()
         try:
-            ending = native_greedy_step.step(*args, self._greedy_states)
+            ending = native_greedy_step.step(*args, states, rows)
         except Exception as error:  # as `_step` handles a failed run
             if not is_out_of_memory(error) or len(self.active) == 1:
                 self._fail_all(error)
@@ -243,15 +246,15 @@ class Engine:
         return True
 
     def _end_greedy(self, ending: list[tuple[int, int, float]]) -> None:
-        """The requests a compiled greedy step ended (EOS, or their length reached): (row, token, score) each, their
-        searchers as the step left them; `extend_one` ends each as `_advance` would."""
+        """The requests a compiled greedy step ended (EOS, or their length reached): (request's index, token, score)
+        each, their searchers as the step left them; `extend_one` ends each as `_advance` would."""
         ended = set()
-        for row, token, score in ending:
-            job = self.active[row]
+        for index, token, score in ending:
+            job = self.active[index]
             job.searcher.extend_one(token, score)  # type: ignore[union-attr]
             self._finish(job, Outcome.OK)
-            ended.add(row)
-        self.active = [job for row, job in enumerate(self.active) if row not in ended]
+            ended.add(index)
+        self.active = [job for index, job in enumerate(self.active) if index not in ended]
         self._steady_greedy_jobs = 0
         self._greedy_states = None
         if not self.active:
