@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,14 @@ def use_steps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, s
     """Steady greedy steps made in Python ("python") or by the compiled step built in this session ("compiled")."""
     compiled = request.getfixturevalue("compiled_greedy_step") if steps == "compiled" else None
     monkeypatch.setattr(engine_module, "native_greedy_step", compiled)
+
+
+def engine_alone(runtime: Runtime, source: list[int], options: SearchOptions) -> list[Hypothesis]:
+    """A request's result from an engine of its own."""
+    engine = Engine(runtime)
+    job = engine.submit(source, options)
+    run_until_done(engine, [job])
+    return job.hypotheses
 
 
 def alone(model_dir: Path, source: list[int], options: SearchOptions) -> list[Hypothesis]:
@@ -362,15 +371,28 @@ def test_engine_out_of_memory_drops_the_largest_request_and_the_others_equal_alo
     assert_same(later, alone(tiny_model_dir, SOURCES[4], BEAM3))
 
 
-def test_engine_streams_greedy_tokens_as_chosen(runtime: Runtime) -> None:
+@pytest.mark.parametrize("steps", ["python", "compiled"])
+def test_engine_streams_greedy_tokens_as_chosen(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                steps: str) -> None:  # fmt: skip
+    """Streaming and plain greedy requests in one batch: each streaming request's callback gets every chosen token in
+    order (in Python or after the compiled step), and the plain requests' results are those they get alone."""
+    use_steps(request, monkeypatch, steps)
     engine = Engine(runtime)
-    streamed: list[int] = []
-    job = engine.submit(SOURCES[0], GREEDY_LONG, on_tokens=lambda _, tokens: streamed.extend(tokens.tolist()))
-    run_until_done(engine, [job])
-    expected = list(job.hypotheses[0].token_ids)
-    # Every chosen token is streamed, except a final one that ends the request (EOS or the length limit).
-    assert streamed == expected[: len(streamed)]
-    assert len(expected) - len(streamed) <= 1
+    _, _, compiled = record_layout_paths(engine, monkeypatch)
+    streamed: dict[int, list[int]] = {0: [], 2: []}
+    plan = [(SOURCES[0], GREEDY_LONG), (SOURCES[1], GREEDY_LONG), (SOURCES[2], SearchOptions(min_output_tokens=5, max_output_tokens=9))]
+
+    def stream_into(index: int) -> Callable[[Job, np.ndarray], None] | None:
+        return (lambda _, tokens: streamed[index].extend(tokens.tolist())) if index in streamed else None
+
+    jobs = [engine.submit(source, options, on_tokens=stream_into(index)) for index, (source, options) in enumerate(plan)]
+    run_until_done(engine, jobs)
+    for index, tokens in streamed.items():
+        expected = list(jobs[index].hypotheses[0].token_ids)
+        # Every chosen token is streamed, except a final one that ends the request (EOS or the length limit).
+        assert tokens == expected[: len(tokens)] and len(expected) - len(tokens) <= 1
+    assert jobs[1].hypotheses == engine_alone(runtime, SOURCES[1], GREEDY_LONG)
+    assert bool(compiled) == (steps == "compiled")
 
 
 def test_engine_rows_stay_in_place_and_a_leaving_request_moves_only_its_rows(runtime: Runtime, tiny_model_dir: Path,

@@ -102,10 +102,9 @@ class Engine:
         # TopK answers), and whether any greedy request was left out (one not yet batchable: steady steps look again).
         self._greedy_jobs: list[Job] = []
         self._greedy_left_out = False
-        # The steady greedy requests' search states for the compiled step (GreedySearch.step_state) and their rows, made at
-        # the first such step after the requests changed; no states where a request streams its tokens (its callback
-        # runs in Python).
-        self._greedy_states: tuple[list[tuple[object, ...]], list[int]] | None = None
+        # The steady greedy requests' search states for the compiled step (GreedySearch.step_state), their rows and whether
+        # any streams its tokens, made at the first such step after the requests changed.
+        self._greedy_states: tuple[list[tuple[object, ...]], list[int], bool] | None = None
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -211,19 +210,18 @@ class Engine:
     def _compiled_greedy_step(self) -> bool | None:
         """A steady greedy step (the same requests as the last step, all greedy) in one compiled call
         (runtime/kernels/greedy_step.c: the same stores, run and choices as `_arrange_in_place`, `_run_decoder` and
-        `_advance`), where it applies: each request in its own row and all in the candidate rows, none streaming its
-        tokens, the call's binding kept and room in the rows' caches. True: the step is made. None: it is not (the
-        Python path makes it). False: the run ran out of memory and the largest request left (the Python path lays the
-        rest out and runs again)."""
+        `_advance`), where it applies: each request in its own row and all in the candidate rows, the call's binding kept
+        and room in the rows' caches. True: the step is made. None: it is not (the Python path makes it). False: the run
+        ran out of memory and the largest request left (the Python path lays the rest out and runs again)."""
         if native_greedy_step is None or self._greedy_left_out:
             return None
         if self._greedy_states is None:
-            streaming = any(job.on_tokens is not None for job in self.active)
-            states = [] if streaming else [job.searcher.step_state() for job in self.active]  # type: ignore[union-attr]
-            self._greedy_states = states, [int(job.row_ids[0]) for job in self.active]
-        states, rows = self._greedy_states
+            states = [job.searcher.step_state() for job in self.active]  # type: ignore[union-attr]
+            rows = [int(job.row_ids[0]) for job in self.active]
+            self._greedy_states = states, rows, any(job.on_tokens is not None for job in self.active)
+        states, rows, streaming = self._greedy_states
         args = self._cache.greedy_step_args()
-        if not states or args is None:
+        if args is None:
             return None
         decoding = time.perf_counter()
         try:
@@ -241,22 +239,27 @@ class Engine:
             self._last_padding = self._cache.padding_ratio()
         for job in self.active:
             job.steps += 1
-        if ending:
-            self._end_greedy(ending)
+        if ending or streaming:
+            self._after_greedy(ending)
         return True
 
-    def _end_greedy(self, ending: list[tuple[int, int, float]]) -> None:
-        """The requests a compiled greedy step ended (EOS, or their length reached): (request's index, token, score)
-        each, their searchers as the step left them; `extend_one` ends each as `_advance` would."""
-        ended = set()
-        for index, token, score in ending:
-            job = self.active[index]
-            job.searcher.extend_one(token, score)  # type: ignore[union-attr]
-            self._finish(job, Outcome.OK)
-            ended.add(index)
-        self.active = [job for index, job in enumerate(self.active) if index not in ended]
-        self._steady_greedy_jobs = 0
-        self._greedy_states = None
+    def _after_greedy(self, ending: list[tuple[int, int, float]]) -> None:
+        """After a compiled greedy step, in request order as `_advance` goes: a request the step ended (EOS, or its length
+        reached; `ending` holds (request's index, token, score), its searcher as the step left it) is ended by
+        `extend_one` and finished, a streaming one that goes on gets its token."""
+        ended = {index: (token, score) for index, token, score in ending}
+        still_active = []
+        for index, job in enumerate(self.active):
+            if index in ended:
+                job.searcher.extend_one(*ended[index])  # type: ignore[union-attr]
+                self._finish(job, Outcome.OK)
+                continue
+            if job.on_tokens is not None:
+                notify(job.on_tokens, job, job.searcher.next_tokens)  # type: ignore[union-attr]
+            still_active.append(job)
+        if not ended:
+            return
+        self.active, self._steady_greedy_jobs, self._greedy_states = still_active, 0, None
         if not self.active:
             self._cache.clear()
             self._pool.clear()
