@@ -464,21 +464,24 @@ class StepCache:
             self._log_probs_view, self._log_probs_view_rows = self._log_probs[:rows], rows
         return self._log_probs_view
 
-    def greedy_step_args(self) -> tuple[object, ...] | None:
-        """What a compiled steady greedy step (runtime/kernels/greedy_step.c) needs to repeat the last call with new
-        tokens, as `continue_in_place` and `run` would: the decoder's bound run and its binding, the fed tokens, the
-        positions, the slot lineage and its next number, the candidate log-probs and ids and the candidates per row.
-        None where that call cannot be repeated so: its binding is not kept (a device binds at every run), a row's
-        cache is full (`continue_in_place` grows it), or the candidate rows are not the call's rows."""
+    def start_greedy_step(self) -> tuple[object, ...] | None:
+        """Start a compiled steady greedy step (runtime/kernels/greedy_step.c): the last call again with new tokens, as
+        `continue_in_place` and `run` would make it. Returns what the step needs: the decoder's bound run and its binding,
+        the fed tokens, the positions, the slot lineage and the first number of the call's slots, the candidate
+        log-probs and ids and the candidates per row; the numbers are taken here, as `run` takes them before its run (a
+        failed run may have written the slots, and numbers never used again match nothing). None where the call cannot
+        be repeated so: its binding is not kept (a device binds at every run), a row's cache is full
+        (`continue_in_place` grows it), or the candidate rows are not the call's rows."""
         rows = self.rows
         if self._binding is None or self.binds_every_run or self._longest + 1 > self._kv_block.shape[3] or self._wanted[0] != rows:
             return None
+        first_id = self._next_slot_id
+        self._next_slot_id += rows
         return (self.session.run_with_iobinding, self._binding.io_binding, self._tgt_ids, self._positions, self._slot_ids,
-                self._next_slot_id, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
+                first_id, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
 
     def stepped_in_place(self) -> None:
-        """A compiled steady greedy step ran the call (`greedy_step_args`): its slots are numbered, each row one longer."""
-        self._next_slot_id += self.rows
+        """A compiled steady greedy step ran the call (`start_greedy_step`): each row is one token longer."""
         self._longest += 1
 
     def row_cache(self, row: int) -> list[np.ndarray]:

@@ -121,7 +121,7 @@ def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Layo
     misrouted: list[int] = []
     compiled_feeds: list[dict[int, int]] = []  # the tokens each row is due in the compiled step about to run
     real_arrange, real_continue = StepCache.arrange, StepCache.continue_in_place
-    real_args, real_stepped = StepCache.greedy_step_args, StepCache.stepped_in_place
+    real_args, real_stepped = StepCache.start_greedy_step, StepCache.stepped_in_place
 
     def due() -> dict[int, int]:
         return {int(job.row_ids[0]): int(job.searcher.next_tokens[0]) for job in engine.active}  # type: ignore[union-attr]
@@ -135,7 +135,7 @@ def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Layo
         real_continue(cache, tgt_ids)
         misrouted.extend(row for row, token in due().items() if cache._tgt_ids[row, 0] != token)
 
-    def greedy_step_args(cache: StepCache) -> tuple[object, ...] | None:
+    def start_greedy_step(cache: StepCache) -> tuple[object, ...] | None:
         args = real_args(cache)
         if args is not None:
             compiled_feeds.append(due())
@@ -149,7 +149,7 @@ def record_layout_paths(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Layo
 
     monkeypatch.setattr(StepCache, "arrange", arrange)
     monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
-    monkeypatch.setattr(StepCache, "greedy_step_args", greedy_step_args)
+    monkeypatch.setattr(StepCache, "start_greedy_step", start_greedy_step)
     monkeypatch.setattr(StepCache, "stepped_in_place", stepped_in_place)
     return calls, misrouted, compiled
 
@@ -500,7 +500,7 @@ def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_e
     keeps the others exactly on their alone-results."""
     use_steps(request, monkeypatch, steps)
     engine = Engine(runtime)
-    real_run, real_continue, real_args = StepCache.run, StepCache.continue_in_place, StepCache.greedy_step_args
+    real_run, real_continue, real_args = StepCache.run, StepCache.continue_in_place, StepCache.start_greedy_step
     state = {"failed": 0, "in_place_calls": 0}
     message = "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576"
 
@@ -520,26 +520,30 @@ def test_engine_out_of_memory_on_a_steady_greedy_step_sheds_one_and_the_others_e
             raise RuntimeError(message)
         return real_run(cache)
 
-    def greedy_step_args(cache: StepCache) -> tuple[object, ...] | None:
+    def start_greedy_step(cache: StepCache) -> tuple[object, ...] | None:
         args = real_args(cache)
         if args is None or not failing_now():
             return args
         state["compiled_failed"] = 1
 
         def run_out_of_memory(binding: object) -> None:
+            # The failed call's slot numbers are taken before its run, as StepCache.run takes them: it may have written
+            # the slots, and the retried call must not number other contents with them.
+            state["numbers_taken"] = cache._next_slot_id == args[5] + cache.rows  # type: ignore[operator]
             raise RuntimeError(message)
 
         return (run_out_of_memory, *args[1:])
 
     monkeypatch.setattr(StepCache, "continue_in_place", continue_in_place)
     monkeypatch.setattr(StepCache, "run", run)
-    monkeypatch.setattr(StepCache, "greedy_step_args", greedy_step_args)
+    monkeypatch.setattr(StepCache, "start_greedy_step", start_greedy_step)
     longest = SearchOptions(beam_size=1, min_output_tokens=20, max_output_tokens=20)  # the most cache when it fails
     plan = [(SOURCES[3], longest), (SOURCES[0], GREEDY_LONG), (SOURCES[2], GREEDY_LONG)]
     jobs = [engine.submit(source, options) for source, options in plan]
     run_until_done(engine, jobs)
     assert state["failed"] == 1 and jobs[0].outcome is Outcome.OUT_OF_MEMORY
     assert state.get("compiled_failed", 0) == (steps == "compiled")  # the failure met the path under test
+    assert state.get("numbers_taken", steps == "python")
     for job, (source, options) in zip(jobs[1:], plan[1:], strict=True):
         assert_same(job, alone(tiny_model_dir, source, options))
 

@@ -220,7 +220,7 @@ class Engine:
             rows = [int(job.row_ids[0]) for job in self.active]
             self._greedy_states = states, rows, any(job.on_tokens is not None for job in self.active)
         states, rows, streaming = self._greedy_states
-        args = self._cache.greedy_step_args()
+        args = self._cache.start_greedy_step()
         if args is None:
             return None
         decoding = time.perf_counter()
