@@ -470,14 +470,16 @@ class StepCache:
         the fed tokens, the positions, the slot lineage and the first number of the call's slots, the candidate
         log-probs and ids and the candidates per row; the numbers are taken here, as `run` takes them before its run (a
         failed run may have written the slots, and numbers never used again match nothing). None where the call cannot
-        be repeated so: its binding is not kept (a device binds at every run), a row's cache is full
-        (`continue_in_place` grows it), or the candidate rows are not the call's rows."""
-        rows = self.rows
-        if self._binding is None or self.binds_every_run or self._longest + 1 > self._kv_block.shape[3] or self._wanted[0] != rows:
+        be repeated so: its binding is not kept (a device binds at every run) or binds other candidates, a row's cache
+        is full (`continue_in_place` grows it), or the candidate rows are not the call's rows."""
+        rows, binding = self.rows, self._binding
+        if binding is None or self.binds_every_run or binding.candidates != self._wanted or self._wanted[0] != rows:
+            return None
+        if self._longest + 1 > self._kv_block.shape[3]:
             return None
         first_id = self._next_slot_id
         self._next_slot_id += rows
-        return (self.session.run_with_iobinding, self._binding.io_binding, self._tgt_ids, self._positions, self._slot_ids,
+        return (self.session.run_with_iobinding, binding.io_binding, self._tgt_ids, self._positions, self._slot_ids,
                 first_id, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
 
     def stepped_in_place(self) -> None:
