@@ -328,19 +328,27 @@ class StepCache:
         offset = 0
         dummy = self.dummy_places and len(keys) > 0
         for (group, rows, longest), layout in zip(grouped, layouts, strict=True):
-            places = len(layout.source_keys)
-            if group.fit(max(places, int(dummy)), group.width_for(longest)):
-                self._forget_bindings()
-            self.sources_copied += group.fill(layout.source_keys.tolist(), layout.source_slots.tolist(), pool_cross, pool_mask)
-            if group.bind_queries(self._group_queries(layout, rows, queries, dummy)):
-                self._forget_bindings()
-            if not places and dummy:
-                group.dummy_place()
+            self._fill_group(group, longest, layout.source_keys.tolist(), layout.source_slots.tolist(),
+                             self._group_queries(layout, rows, queries, dummy), pool_cross, pool_mask, dummy)  # fmt: skip
             local_queries = max(layout.source_queries.shape[1], 1)
             place, rank = np.divmod(layout.row_queries, local_queries)
             self._row_queries[rows] = (offset + place) * queries + rank
             offset += group.bound
         self._row_key_list = keys.tolist()
+
+    def _fill_group(self, group: SourceGroup, longest: int | None, source_keys: list[int], source_slots: list[int],
+                    source_queries: np.ndarray, pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray, dummy: bool) -> None:
+        """One group's part of a source layout, whichever form made it: buffers fitted to its places and longest source,
+        the new sources copied in, its queries bound, and a dummy place where no row reads it and the provider needs one;
+        bindings forgotten where a buffer moved."""
+        places = len(source_keys)
+        if group.fit(max(places, int(dummy)), group.width_for(longest)):
+            self._forget_bindings()
+        self.sources_copied += group.fill(source_keys, source_slots, pool_cross, pool_mask)
+        if group.bind_queries(source_queries):
+            self._forget_bindings()
+        if not places and dummy:
+            group.dummy_place()
 
     def _arrange_few_sources(self, keys: list[int], slots: list[int], pool_cross: Sequence[np.ndarray], pool_mask: np.ndarray) -> None:
         """`_arrange_sources` on lists, for at most PYTHON_LAYOUT_ROWS rows: the same places, copies and queries, with a
@@ -362,17 +370,11 @@ class StepCache:
         dummy = self.dummy_places and len(keys) > 0
         row_queries = self._row_query_items
         for (group, rows, longest), layout in zip(grouped, layouts, strict=True):
-            places = len(layout.source_keys)
-            if group.fit(max(places, int(dummy)), group.width_for(longest)):
-                self._forget_bindings()
-            self.sources_copied += group.fill(layout.source_keys, layout.source_slots, pool_cross, pool_mask)
+            # As `_group_queries`: the rows of the call reading each place, a place read by fewer repeating its first.
             by_call = [[rows[row] for row in readers] + [rows[readers[0]]] * (queries - len(readers)) for readers in layout.source_queries]
-            if not by_call and dummy:
-                by_call = [[0] * queries]
-            if group.bind_queries(np.array(by_call, dtype=np.int64).reshape(len(by_call), queries)):
-                self._forget_bindings()
-            if not places and dummy:
-                group.dummy_place()
+            by_call = by_call or [[0] * queries] * int(dummy)  # no row reads the group: no place, or the one dummy place
+            source_queries = np.array(by_call, dtype=np.int64).reshape(len(by_call), queries)
+            self._fill_group(group, longest, layout.source_keys, layout.source_slots, source_queries, pool_cross, pool_mask, dummy)
             local_queries = max(layout.queries, 1)
             for row, flat in zip(rows, layout.row_queries, strict=True):
                 place, rank = divmod(flat, local_queries)
