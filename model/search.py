@@ -440,6 +440,22 @@ class BeamSearch(Searcher):
         order = np.lexsort((rows, flat_tokens, -flat_totals))[: 2 * self.options.beam_size]  # as top_candidates orders
         return self._extend(self._walk(rows[order].tolist(), flat_tokens[order].tolist(), flat_totals[order].tolist()))
 
+    def step_state(self) -> tuple[list[tuple[int, ...]], list[float], list[int], list[tuple[tuple[int, ...], float, FinishReason]],
+                                  int, int, int, int]:
+        """What a compiled steady beam step (runtime/kernels/beam_step.c) reads and, where its choices end nothing, extends
+        in place: the rows, score and next-token lists (the same list objects until `take_choices` replaces them), the
+        finished hypotheses, then the beam size, `min_output_tokens`, the most tokens a row may have and EOS."""
+        return (self.rows, self._row_scores, self._next_tokens, self.finished, self.options.beam_size,
+                self.options.min_output_tokens, self.max_length, self.eos_id)  # fmt: skip
+
+    def take_choices(self, choices: list[tuple[int, int, float]]) -> list[int] | None:
+        """What `advance_candidates` does with its choices (row, token, total), made elsewhere (a compiled steady beam
+        step hands back the requests whose choices end a hypothesis): extend the rows; the local parents, or None once
+        done."""
+        if self.done:
+            raise RuntimeError("take_choices() called on a finished searcher")
+        return self._extend(choices)
+
     def _walk(self, rows: list[int], tokens: list[int], scores: list[float]) -> list[tuple[int, int, float]]:
         """The 2K best candidates, best first -> this step's choices (module docstring: fairseq style)."""
         beam_size = self.options.beam_size

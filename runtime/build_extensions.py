@@ -1,12 +1,13 @@
 """Compile the engine's host work in C (runtime/kernels/*.c) into the CPython extensions the engine imports.
 
-Four: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py), the step
+Five: beam search's per-step choice (beam_select.c -> model/_beam_select, imported by model/search.py), the step
 cache's row and source copies (cache_moves.c -> runtime/_cache_moves, imported by runtime/step_cache.py and
-runtime/source_group.py), a steady greedy step (greedy_step.c -> runtime/_greedy_step, imported by
-server/engine/engine.py) and the thread's float mode (float_mode.c -> runtime/_float_mode, imported by
+runtime/source_group.py), a steady greedy step and a steady beam step (greedy_step.c -> runtime/_greedy_step and
+beam_step.c -> runtime/_beam_step, imported by runtime/step_cache.py for server/engine/engine.py) and the thread's float
+mode (float_mode.c -> runtime/_float_mode, imported by
 runtime/float_mode.py: the engine flushes denormals around its calls). They need only a C compiler and this Python's
 headers (Debian: python3-dev), no ONNX Runtime headers, so nmt-build-kernels builds them even where the attention kernels
-cannot be. Without the first three the same work runs in numpy and Python, with the same results; without the fourth
+cannot be. Without the first four the same work runs in numpy and Python, with the same results; without the fourth
 the engine's calls keep the thread's mode, also with the same results, slower where a log-softmax meets denormal floats.
 """
 
@@ -38,9 +39,10 @@ class Extension:
 BEAM_SELECT = Extension("beam search's choice", KERNELS_DIR / "beam_select.c", PACKAGE_DIR / "model" / f"_beam_select{SUFFIX}")
 CACHE_MOVES = Extension("the step cache's row moves", KERNELS_DIR / "cache_moves.c", PACKAGE_DIR / "runtime" / f"_cache_moves{SUFFIX}")
 GREEDY_STEP = Extension("a steady greedy step", KERNELS_DIR / "greedy_step.c", PACKAGE_DIR / "runtime" / f"_greedy_step{SUFFIX}")
+BEAM_STEP = Extension("a steady beam step", KERNELS_DIR / "beam_step.c", PACKAGE_DIR / "runtime" / f"_beam_step{SUFFIX}")
 FLOAT_MODE = Extension("denormals flushed in the engine's calls", KERNELS_DIR / "float_mode.c",
                        PACKAGE_DIR / "runtime" / f"_float_mode{SUFFIX}")
-EXTENSIONS = (BEAM_SELECT, CACHE_MOVES, GREEDY_STEP, FLOAT_MODE)
+EXTENSIONS = (BEAM_SELECT, CACHE_MOVES, GREEDY_STEP, BEAM_STEP, FLOAT_MODE)
 
 
 class ExtensionBuildError(RuntimeError):

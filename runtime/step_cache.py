@@ -44,6 +44,10 @@ try:  # from runtime/kernels/greedy_step.c (the engine's steady greedy step); wi
     from nmt_serve.runtime import _greedy_step as native_greedy_step
 except ImportError:
     native_greedy_step = None
+try:  # from runtime/kernels/beam_step.c (the engine's steady beam step); without it that step runs in Python
+    from nmt_serve.runtime import _beam_step as native_beam_step
+except ImportError:
+    native_beam_step = None
 
 INITIAL_ROWS = 8
 MAX_CANDIDATES = 64  # per row: beam search asks for 2 x beam + 1 (beam <= 16, model/search.py)
@@ -487,6 +491,30 @@ class StepCache:
     def stepped_in_place(self) -> None:
         """A compiled steady greedy step ran the call (`start_greedy_step`): each row is one token longer."""
         self._longest += 1
+
+    def start_beam_step(self) -> tuple[object, ...] | None:
+        """Start a compiled steady beam step (runtime/kernels/beam_step.c): the last call's rows, sources and candidate
+        rows, each row continuing a row of its own request, as `arrange` and `run` would lay it out and run it. Returns
+        what the step needs: the decoder's bound run and its binding, the cache block and slot lineage, the fed tokens,
+        the positions, the first number of the call's slots (taken here, as `run` takes them before its run), the
+        candidate rows, log-probs and ids and the candidates per row. None where the call cannot be made so: its binding
+        is not kept or binds other candidates, not every row is a candidate row, a row's cache is full (`arrange` grows
+        it), or the cache block is not one C-ordered array."""
+        rows, binding = self.rows, self._binding
+        if binding is None or self.binds_every_run or binding.candidates != self._wanted or self._wanted[0] != rows:
+            return None
+        if self._longest + 1 > self._kv_block.shape[3] or not self._kv_block.flags.c_contiguous:
+            return None
+        first_id = self._next_slot_id
+        self._next_slot_id += rows
+        return (self.session.run_with_iobinding, binding.io_binding, self._kv_block, self._slot_ids, self._tgt_ids, self._positions,
+                first_id, self._candidate_rows, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
+
+    def stepped_beam(self, slots_copied: int) -> None:
+        """A compiled steady beam step ran the call (`start_beam_step`), its moves copying `slots_copied` slots: every row
+        is one token longer (a beam's rows all have its length, so the longest row is the longest before, plus one)."""
+        self._longest += 1
+        self.slots_copied += slots_copied
 
     def row_cache(self, row: int) -> list[np.ndarray]:
         """The cached self-attention K/V of one row, per past name, each (H, tokens, Dh): for parity checks."""

@@ -13,7 +13,7 @@ from nmt_serve.runtime.build_extensions import EXTENSIONS, build_extension
 
 def compiled_extension(name: str, directory: Path) -> object:
     """The host-work extension `name` (runtime/build_extensions.py EXTENSIONS: "beam_select", "cache_moves", "greedy_step",
-    "float_mode")
+    "beam_step", "float_mode")
     built in this session into `directory` and loaded from there; skipped, with the reason, where it cannot be compiled."""
     extension = next(extension for extension in EXTENSIONS if extension.module.name.startswith(f"_{name}"))
     built = build_extension(extension, out=directory / extension.module.name)

@@ -39,10 +39,11 @@ def runtime(tiny_model_dir: Path) -> Runtime:
 
 @pytest.fixture
 def python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steady greedy steps made in Python (StepCache.continue_in_place, then run), for tests that count or fail
-    `StepCache.run`: the compiled steady step (runtime/kernels/greedy_step.c) runs the session itself. Both paths give
-    the same steps (tests/test_greedy_step.py)."""
+    """Steady greedy and beam steps made in Python (StepCache.continue_in_place or arrange, then run), for tests that
+    count or fail `StepCache.run`: the compiled steady steps (runtime/kernels/greedy_step.c, beam_step.c) run the
+    session themselves. Both paths give the same steps (tests/test_greedy_step.py, tests/test_beam_step.py)."""
     monkeypatch.setattr(engine_module, "native_greedy_step", None)
+    monkeypatch.setattr(engine_module, "native_beam_step", None)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 from nmt_serve.model.search import SearchOptions
 from nmt_serve.runtime import float_mode as float_mode_module
 from nmt_serve.runtime.ort_step import make_session
-from nmt_serve.runtime.step_cache import StepCache
+from nmt_serve.server.engine import engine as engine_module
 from nmt_serve.server.engine.engine import Engine
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
 from tests.extensions import compiled_extension
@@ -75,23 +75,36 @@ def test_a_log_softmax_over_widely_spread_logits_gives_the_same_bits_flushed(flo
 
 
 def test_an_engine_step_runs_its_calls_flushed_and_restores_the_mode(float_mode: ModuleType, tiny_model_dir: Path,
+                                                                     tmp_path_factory: pytest.TempPathFactory,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Each decoder call of a request sees the flushing mode; after the steps the thread's mode is what it was."""
+    """Each decoder call of a request sees the flushing mode, whether the engine's Python or the compiled steady beam
+    step makes it (both call the session's bound run); after the steps the thread's mode is what it was."""
     monkeypatch.setattr(float_mode_module, "native_float_mode", float_mode)
+    beam_step = compiled_extension("beam_step", tmp_path_factory.mktemp("beam_step"))
+    compiled_steps: list[int] = []
+
+    class CountingBeamStep:
+        @staticmethod
+        def step(*args: object) -> object:
+            compiled_steps.append(1)
+            return beam_step.step(*args)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(engine_module, "native_beam_step", CountingBeamStep)
     modes: list[int] = []
-    real_run = StepCache.run
-
-    def run(cache: StepCache) -> np.ndarray:
-        modes.append(float_mode.mode())
-        return real_run(cache)
-
-    monkeypatch.setattr(StepCache, "run", run)
     runtime = Runtime(tiny_model_dir, RuntimeSettings(warmup_rows=2, warmup_src_len=4))
     engine = Engine(runtime)
+    session = engine._cache.session
+    real_run = session.run_with_iobinding
+
+    def run(binding: object) -> None:
+        modes.append(float_mode.mode())
+        real_run(binding)
+
+    monkeypatch.setattr(session, "run_with_iobinding", run)
     before = float_mode.mode()
-    job = engine.submit([5, 6, 7], SearchOptions(beam_size=2, min_output_tokens=4, max_output_tokens=4))
+    job = engine.submit([5, 6, 7], SearchOptions(beam_size=2, min_output_tokens=6, max_output_tokens=6))
     engine.run_until_idle()
-    assert job.hypotheses and len(modes) >= 4
+    assert job.hypotheses and len(modes) == 6 and len(compiled_steps) == 4  # steps 3-6: steady, compiled
     assert all(mode & FLUSH_BITS == FLUSH_BITS for mode in modes)
     assert control(float_mode.mode()) == control(before)
 

@@ -14,9 +14,8 @@ import pytest
 from nmt_serve.model.search import GreedySearch, SearchOptions, advance_greedy_candidates
 from nmt_serve.runtime.step_cache import StepCache
 from nmt_serve.server.engine import engine as engine_module
-from nmt_serve.server.engine.engine import Engine
-from nmt_serve.server.engine.jobs import Job
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
+from tests.engine_plans import run_plan
 from tests.extensions import compiled_extension
 
 EOS, BOS, STRIDE, CAPACITY = 2, 1, 3, 12
@@ -113,18 +112,6 @@ def test_the_compiled_step_refuses_what_it_cannot_run_and_runs_nothing(compiled:
     with pytest.raises(ValueError, match="position 4, outside the cache's 4 slots"):
         compiled.step(calls.append, None, *buffers, 2, one, [0])
     assert not calls
-
-
-def run_plan(runtime: Runtime, plan: list[tuple[int, list[int], SearchOptions]], cancel_at: int) -> list[Job]:
-    engine = Engine(runtime)
-    jobs: list[Job] = []
-    for step in range(60):
-        jobs += [engine.submit(source, options) for arrival, source, options in plan if arrival == step]
-        if step == cancel_at:
-            engine.cancel(jobs[1])
-        engine.step()
-    assert not engine.has_work
-    return jobs
 
 
 def test_engine_steps_compiled_and_in_python_give_the_same_translations(tiny_model_dir: Path, compiled: ModuleType,

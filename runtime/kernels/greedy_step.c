@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "token_tuple.h"
+
 // A C-contiguous view of `object` of `itemsize`-byte items (writable where asked); `name` goes into the error.
 static int view_of(PyObject* object, Py_buffer* view, Py_ssize_t itemsize, int writable, const char* name) {
   if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
@@ -54,25 +56,6 @@ static int request_of(PyObject* item, Request* request, Py_ssize_t index) {
   request->max_length = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 4));
   request->eos = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 5));
   return PyErr_Occurred() ? -1 : 0;
-}
-
-// The row's tokens with `token` appended: a new tuple, as `tokens + (token,)` makes.
-static PyObject* extended(PyObject* tokens, long long token) {
-  const Py_ssize_t length = PyTuple_GET_SIZE(tokens);
-  PyObject* longer = PyTuple_New(length + 1);
-  if (longer == NULL) return NULL;
-  for (Py_ssize_t i = 0; i < length; ++i) {
-    PyObject* item = PyTuple_GET_ITEM(tokens, i);
-    Py_INCREF(item);
-    PyTuple_SET_ITEM(longer, i, item);
-  }
-  PyObject* last = PyLong_FromLongLong(token);
-  if (last == NULL) {
-    Py_DECREF(longer);
-    return NULL;
-  }
-  PyTuple_SET_ITEM(longer, length, last);
-  return longer;
 }
 
 typedef struct {

@@ -23,7 +23,7 @@ import numpy as np
 from nmt_serve.model.padding import pad_sources
 from nmt_serve.model.search import GREEDY_CANDIDATES, BeamSearch, GreedySearch, SearchOptions, advance_greedy_candidates, make_searcher
 from nmt_serve.runtime import float_mode
-from nmt_serve.runtime.step_cache import native_greedy_step
+from nmt_serve.runtime.step_cache import native_beam_step, native_greedy_step
 from nmt_serve.server.engine.jobs import EngineLimits, Job, Outcome, StepProfile
 from nmt_serve.server.engine.row_placement import PYTHON_PLACEMENT_ROWS, place_rows, place_rows_list, split_rows
 from nmt_serve.server.engine.sessions import Runtime
@@ -105,6 +105,12 @@ class Engine:
         # The steady greedy requests' search states for the compiled step (GreedySearch.step_state), their rows and whether
         # any streams its tokens, made at the first such step after the requests changed.
         self._greedy_states: tuple[list[tuple[object, ...]], list[int], bool] | None = None
+        # After a step whose requests were all beam searches advancing from the graph's TopK, each with as many rows as
+        # places, and none left: how many there were (0 otherwise). If the next step has the same requests, each lays
+        # its rows out over its own places: a compiled steady beam step can make it. Its per-request state tuples
+        # (engine lists, then BeamSearch.step_state), made at the first such step after the requests changed.
+        self._steady_beam_jobs = 0
+        self._beam_states: list[tuple[object, ...]] | None = None
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -179,6 +185,11 @@ class Engine:
             if made:
                 return
             shed = made is False
+        elif not joined and len(self.active) == self._steady_beam_jobs:
+            made = self._compiled_beam_step()
+            if made:
+                return
+            shed = made is False
         while True:
             candidate_jobs: dict[int, tuple[int, int]] = {}
             try:
@@ -226,22 +237,32 @@ class Engine:
         decoding = time.perf_counter()
         try:
             ending = native_greedy_step.step(*args, states, rows)
-        except Exception as error:  # as `_step` handles a failed run
-            if not is_out_of_memory(error) or len(self.active) == 1:
-                self._fail_all(error)
-                return True
-            self._shed_largest(error, self._cache.rows)
-            return False
+        except Exception as error:
+            return self._compiled_step_failed(error)
         self._cache.stepped_in_place()
+        self._compiled_step_made(decoding)
+        if ending or streaming:
+            self._after_greedy(ending)
+        return True
+
+    def _compiled_step_failed(self, error: BaseException) -> bool:
+        """A compiled step's run failed: handled as `_step` handles a failed run. True: every request failed (the step
+        is made); False: out of memory, the largest request left (the Python path lays the rest out and runs again)."""
+        if not is_out_of_memory(error) or len(self.active) == 1:
+            self._fail_all(error)
+            return True
+        self._shed_largest(error, self._cache.rows)
+        return False
+
+    def _compiled_step_made(self, decoding: float) -> None:
+        """After a compiled step's call: its time counts as the decoder's (its host work included), and each request
+        made a step."""
         self.profile.decode_s += time.perf_counter() - decoding
         self._last_rows = self._cache.rows
         if self.observer is not None:
             self._last_padding = self._cache.padding_ratio()
         for job in self.active:
             job.steps += 1
-        if ending or streaming:
-            self._after_greedy(ending)
-        return True
 
     def _after_greedy(self, ending: list[tuple[int, int, float]]) -> None:
         """After a compiled greedy step, in request order as `_advance` goes: a request the step ended (EOS, or its length
@@ -264,6 +285,60 @@ class Engine:
             self._cache.clear()
             self._pool.clear()
 
+    def _compiled_beam_step(self) -> bool | None:
+        """A steady beam step (the same beam requests as the last step, each with as many rows as places) in one compiled
+        call (runtime/kernels/beam_step.c: the same places, moves, stores, run and choices as `_row_inputs`, `_arrange`,
+        `_run_decoder` and `_advance`), where the call's binding is kept and the rows' caches have room. Returns as
+        `_compiled_greedy_step` does."""
+        if native_beam_step is None:
+            return None
+        if self._beam_states is None:
+            for job in self.active:  # the step rewrites each request's places in its list
+                if not isinstance(job.row_ids, list):
+                    job.row_ids = job.row_ids.tolist()
+            self._beam_states = [(job.row_ids, job.local_parents, *job.searcher.step_state()) for job in self.active]  # type: ignore[union-attr]
+        args = self._cache.start_beam_step()
+        if args is None:
+            return None
+        decoding = time.perf_counter()
+        try:
+            copied, handed = native_beam_step.step(*args, self._beam_states)
+        except Exception as error:
+            return self._compiled_step_failed(error)
+        self._cache.stepped_beam(copied)
+        self.profile.slots_copied += copied
+        self._compiled_step_made(decoding)
+        if handed or any(job.on_tokens is not None for job in self.active):
+            self._after_beam(dict(handed))
+        return True
+
+    def _after_beam(self, handed: dict[int, list[tuple[int, int, float]]]) -> None:
+        """After a compiled beam step, in request order as `_advance` goes: a request handed back (a choice of its ends a
+        hypothesis) takes its choices in Python and is finished when done; a streaming one that goes on gets its tokens.
+        A request that is done, or whose rows no longer match its places, ends the steady steps."""
+        still_active, steady = [], True
+        for index, job in enumerate(self.active):
+            searcher = job.searcher
+            assert isinstance(searcher, BeamSearch)
+            if index in handed:
+                local_parents = searcher.take_choices(handed[index])
+                if local_parents is None:
+                    self._finish(job, Outcome.OK)
+                    steady = False
+                    continue
+                job.local_parents, job.rows = local_parents, len(local_parents)
+                steady = steady and job.rows == len(job.row_ids)
+                self._beam_states[index] = (job.row_ids, job.local_parents, *searcher.step_state())  # type: ignore[index]
+            if job.on_tokens is not None:
+                notify(job.on_tokens, job, searcher.next_tokens)
+            still_active.append(job)
+        if steady:
+            return
+        self.active, self._steady_beam_jobs, self._beam_states = still_active, 0, None
+        if not self.active:
+            self._cache.clear()
+            self._pool.clear()
+
     def _fail_all(self, error: BaseException) -> None:
         """Every active request gets FAILED (or OUT_OF_MEMORY) and the caches are dropped; the engine serves on."""
         outcome = Outcome.OUT_OF_MEMORY if is_out_of_memory(error) else Outcome.FAILED
@@ -273,6 +348,7 @@ class Engine:
         for job in self.active:
             self._finish(job, outcome, error if outcome is Outcome.FAILED else MemoryError(OUT_OF_MEMORY_MESSAGE))
         self.active, self._steady_greedy_jobs, self._greedy_states = [], 0, None
+        self._steady_beam_jobs, self._beam_states = 0, None
         self._reset_cache()
 
     def _shed_largest(self, error: BaseException, rows: int) -> None:
@@ -291,6 +367,7 @@ class Engine:
             job.local_parents = list(range(job.rows))
         self._steady_greedy_jobs = 0
         self._greedy_states = None
+        self._steady_beam_jobs, self._beam_states = 0, None
 
     def _drop_leaving(self, now: float) -> None:
         keep = []
@@ -501,10 +578,20 @@ class Engine:
         steady = len(still_active) == len(self.active) and all_greedy
         self._steady_greedy_jobs = len(still_active) if steady else 0
         self._greedy_states = None
+        none_left = len(still_active) == len(self.active)
+        self._steady_beam_jobs = len(still_active) if none_left and not steady and self._all_steady_beams(still_active) else 0
+        self._beam_states = None
         self.active = still_active
         if not self.active:
             self._cache.clear()
             self._pool.clear()
+
+    @staticmethod
+    def _all_steady_beams(jobs: list[Job]) -> bool:
+        """Whether every request is a beam search advancing from the graph's TopK with as many rows as places: the next
+        step, if the requests stay, lays each request's rows over its own places (a compiled steady beam step)."""
+        return bool(jobs) and all(isinstance(job.searcher, BeamSearch) and job.searcher.candidates_needed > 0
+                                  and len(job.local_parents) == len(job.row_ids) for job in jobs)  # fmt: skip
 
     def _advance_greedy(self) -> dict[int, np.ndarray | None]:
         """Plain greedy requests advance together from the graph's TopK of their rows, read as lists: no numpy call per

@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 
 def host_work_description() -> str:
     """What the engine's host work runs on in this process, as the start-up log and the benchmark reports say it:
-    beam search's choice, the cache moves and steady greedy steps compiled or in Python and numpy, and whether the
+    beam search's choice, the cache moves and steady greedy and beam steps compiled or in Python and numpy, and whether the
     engine's calls flush denormals."""
     compiled = {"beam search's choice": search.native_beam_select, "cache moves": step_cache.native_cache_moves,
-                "steady greedy steps": step_cache.native_greedy_step}  # fmt: skip
+                "steady greedy steps": step_cache.native_greedy_step, "steady beam steps": step_cache.native_beam_step}  # fmt: skip
     parts = ", ".join(f"{what} {'compiled' if module else 'in Python (`make kernels` compiles it)'}" for what, module in compiled.items())
     flushing = ("flush denormal floats" if float_mode.native_float_mode is not None
                 else "keep the thread's float mode (`make kernels` builds the switch)")
