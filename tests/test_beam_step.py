@@ -272,3 +272,33 @@ def test_engine_out_of_memory_on_a_compiled_beam_step_sheds_one_and_the_others_e
         assert job.outcome is Outcome.OK
         assert [hypothesis.token_ids for hypothesis in job.hypotheses] == [hypothesis.token_ids for hypothesis in want]
         assert [hypothesis.score for hypothesis in job.hypotheses] == pytest.approx([hypothesis.score for hypothesis in want], abs=1e-4)
+
+
+def test_a_streaming_beam_request_gets_the_same_tokens_after_compiled_steps(tiny_model_dir: Path, compiled: ModuleType,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A callback per step: after a compiled steady beam step each request's callback gets its rows' next tokens, in
+    request order, as the Python path calls it."""
+    runtime = Runtime(tiny_model_dir, RuntimeSettings(warmup_rows=2, warmup_src_len=4))
+    plan = [([5, 6, 7], SearchOptions(beam_size=3, min_output_tokens=9, max_output_tokens=9)),
+            ([8, 9, 10, 11], SearchOptions(beam_size=2, max_output_tokens=12))]  # fmt: skip
+
+    def streamed(beam_step: object) -> list[tuple[int, list[int]]]:
+        monkeypatch.setattr(engine_module, "native_beam_step", beam_step)
+        calls: list[tuple[int, list[int]]] = []
+        engine = Engine(runtime)
+        for index, (source, options) in enumerate(plan):
+            engine.submit(source, options, on_tokens=lambda job, tokens, index=index: calls.append((index, tokens.tolist())))
+        engine.run_until_idle()
+        return calls
+
+    compiled_steps: list[int] = []
+
+    class Counting:
+        @staticmethod
+        def step(*args: object) -> object:
+            compiled_steps.append(1)
+            return compiled.step(*args)
+
+    in_python = streamed(None)
+    assert streamed(Counting) == in_python
+    assert len(compiled_steps) >= 5 and len(in_python) >= 15

@@ -111,6 +111,7 @@ class Engine:
         # (engine lists, then BeamSearch.step_state), made at the first such step after the requests changed.
         self._steady_beam_jobs = 0
         self._beam_states: list[tuple[object, ...]] | None = None
+        self._beam_streaming = False  # whether any of those requests streams its tokens
         self._cache = runtime.new_step_cache()
         self._pool = SourcePool(len(runtime.cross_names), self.config.n_heads, self.config.head_dim)
         # Lowered when the device runs out of memory: the rows the last retried call fitted in.
@@ -297,6 +298,7 @@ class Engine:
                 if not isinstance(job.row_ids, list):
                     job.row_ids = job.row_ids.tolist()
             self._beam_states = [(job.row_ids, job.local_parents, *job.searcher.step_state()) for job in self.active]  # type: ignore[union-attr]
+            self._beam_streaming = any(job.on_tokens is not None for job in self.active)
         args = self._cache.start_beam_step()
         if args is None:
             return None
@@ -308,7 +310,7 @@ class Engine:
         self._cache.stepped_beam(copied)
         self.profile.slots_copied += copied
         self._compiled_step_made(decoding)
-        if handed or any(job.on_tokens is not None for job in self.active):
+        if handed or self._beam_streaming:
             self._after_beam(dict(handed))
         return True
 
