@@ -470,6 +470,20 @@ class StepCache:
             self._log_probs_view, self._log_probs_view_rows = self._log_probs[:rows], rows
         return self._log_probs_view
 
+    def _start_compiled_step(self) -> tuple[Binding, int] | None:
+        """What both compiled steady steps need of the arranged call: its kept binding, which binds the wanted candidates
+        of every row, and room for one more slot in each row's cache; then the first number of the call's slots, taken
+        here as `run` takes them before its run (a failed run may have written the slots, and numbers never used again
+        match nothing). None where the call cannot be repeated so (a device binds at every run)."""
+        rows, binding = self.rows, self._binding
+        if binding is None or self.binds_every_run or binding.candidates != self._wanted or self._wanted[0] != rows:
+            return None
+        if self._longest + 1 > self._kv_block.shape[3]:
+            return None
+        first_id = self._next_slot_id
+        self._next_slot_id += rows
+        return binding, first_id
+
     def start_greedy_step(self) -> tuple[object, ...] | None:
         """Start a compiled steady greedy step (runtime/kernels/greedy_step.c): the last call again with new tokens, as
         `continue_in_place` and `run` would make it. Returns what the step needs: the decoder's bound run and its binding,
@@ -478,13 +492,10 @@ class StepCache:
         failed run may have written the slots, and numbers never used again match nothing). None where the call cannot
         be repeated so: its binding is not kept (a device binds at every run) or binds other candidates, a row's cache
         is full (`continue_in_place` grows it), or the candidate rows are not the call's rows."""
-        rows, binding = self.rows, self._binding
-        if binding is None or self.binds_every_run or binding.candidates != self._wanted or self._wanted[0] != rows:
+        started = self._start_compiled_step()
+        if started is None:
             return None
-        if self._longest + 1 > self._kv_block.shape[3]:
-            return None
-        first_id = self._next_slot_id
-        self._next_slot_id += rows
+        binding, first_id = started
         return (self.session.run_with_iobinding, binding.io_binding, self._tgt_ids, self._positions, self._slot_ids,
                 first_id, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
 
@@ -500,13 +511,10 @@ class StepCache:
         candidate rows, log-probs and ids and the candidates per row. None where the call cannot be made so: its binding
         is not kept or binds other candidates, not every row is a candidate row, a row's cache is full (`arrange` grows
         it), or the cache block is not one C-ordered array."""
-        rows, binding = self.rows, self._binding
-        if binding is None or self.binds_every_run or binding.candidates != self._wanted or self._wanted[0] != rows:
+        started = self._start_compiled_step() if self._kv_block.flags.c_contiguous else None
+        if started is None:
             return None
-        if self._longest + 1 > self._kv_block.shape[3] or not self._kv_block.flags.c_contiguous:
-            return None
-        first_id = self._next_slot_id
-        self._next_slot_id += rows
+        binding, first_id = started
         return (self.session.run_with_iobinding, binding.io_binding, self._kv_block, self._slot_ids, self._tgt_ids, self._positions,
                 first_id, self._candidate_rows, self._candidate_log_probs, self._candidate_ids, self._wanted[1])  # fmt: skip
 

@@ -26,10 +26,11 @@
 
 #include "beam_choice.h"
 
-// A C-contiguous view of `object` with `ndim` dimensions (0: any) of `itemsize`-byte items; `name` goes into the error.
+// A C-contiguous view of `object` with `ndim` dimensions (0: any) of `itemsize`-byte items (0: any); `name` goes into
+// the error.
 static int view_of(PyObject* object, Py_buffer* view, int ndim, Py_ssize_t itemsize, int writable, const char* name) {
   if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
-  if ((ndim && view->ndim != ndim) || view->itemsize != itemsize) {
+  if ((ndim && view->ndim != ndim) || (itemsize && view->itemsize != itemsize)) {
     PyErr_Format(PyExc_ValueError, "%s must be %d-D with %zd-byte items, got %d-D with %zd-byte items", name, ndim, itemsize,
                  view->ndim, view->itemsize);
     PyBuffer_Release(view);
@@ -93,30 +94,28 @@ typedef struct {
   int held;  // how many of the views above are held, in that order
 } Buffers;
 
+// The views in the order they are held.
+static void list_views(Buffers* buffers, Py_buffer** views) {
+  Py_buffer* all[] = {&buffers->block,          &buffers->slot_ids, &buffers->tgt_ids, &buffers->positions,
+                      &buffers->candidate_rows, &buffers->values,   &buffers->ids};
+  memcpy(views, all, sizeof(all));
+}
+
 static void release(Buffers* buffers) {
-  Py_buffer* views[] = {&buffers->block,          &buffers->slot_ids, &buffers->tgt_ids, &buffers->positions,
-                        &buffers->candidate_rows, &buffers->values,   &buffers->ids};
+  Py_buffer* views[7];
+  list_views(buffers, views);
   for (int i = 0; i < buffers->held; ++i) PyBuffer_Release(views[i]);
 }
 
 static int hold(Buffers* buffers, PyObject* const* objects) {
-  Py_buffer* views[] = {&buffers->block,          &buffers->slot_ids, &buffers->tgt_ids, &buffers->positions,
-                        &buffers->candidate_rows, &buffers->values,   &buffers->ids};
+  Py_buffer* views[7];
+  list_views(buffers, views);
   static const int ndims[] = {5, 2, 0, 0, 0, 0, 0};
-  static const Py_ssize_t sizes[] = {0, 8, 8, 8, 8, 4, 8};
-  static const char* names[] = {"the cache block", "the slot ids", "the fed tokens", "the positions", "the candidate rows",
-                                "the candidate log-probs", "the candidate ids"};
+  static const Py_ssize_t sizes[] = {0, 8, 8, 8, 8, 4, 8};  // the cache: int8 or float32
+  static const char* names[] = {"the cache block (tensors, rows, heads, length, head dim)", "the slot ids", "the fed tokens",
+                                "the positions", "the candidate rows", "the candidate log-probs", "the candidate ids"};
   for (int i = 0; i < 7; ++i) {
-    if (i == 0) {  // int8 or float32 cache: any item size
-      if (PyObject_GetBuffer(objects[0], views[0], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) return -1;
-      if (views[0]->ndim != 5) {
-        PyErr_SetString(PyExc_ValueError, "the cache block must be 5-D (tensors, rows, heads, length, head dim)");
-        PyBuffer_Release(views[0]);
-        return -1;
-      }
-    } else if (view_of(objects[i], views[i], ndims[i], sizes[i], i < 5, names[i]) != 0) {
-      return -1;
-    }
+    if (view_of(objects[i], views[i], ndims[i], sizes[i], i < 5, names[i]) != 0) return -1;
     buffers->held = i + 1;
   }
   return 0;

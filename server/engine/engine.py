@@ -281,10 +281,8 @@ class Engine:
             still_active.append(job)
         if not ended:
             return
-        self.active, self._steady_greedy_jobs, self._greedy_states = still_active, 0, None
-        if not self.active:
-            self._cache.clear()
-            self._pool.clear()
+        self._steady_greedy_jobs, self._greedy_states = 0, None
+        self._keep_active(still_active)
 
     def _compiled_beam_step(self) -> bool | None:
         """A steady beam step (the same beam requests as the last step, each with as many rows as places) in one compiled
@@ -336,10 +334,8 @@ class Engine:
             still_active.append(job)
         if steady:
             return
-        self.active, self._steady_beam_jobs, self._beam_states = still_active, 0, None
-        if not self.active:
-            self._cache.clear()
-            self._pool.clear()
+        self._steady_beam_jobs, self._beam_states = 0, None
+        self._keep_active(still_active)
 
     def _fail_all(self, error: BaseException) -> None:
         """Every active request gets FAILED (or OUT_OF_MEMORY) and the caches are dropped; the engine serves on."""
@@ -583,7 +579,11 @@ class Engine:
         none_left = len(still_active) == len(self.active)
         self._steady_beam_jobs = len(still_active) if none_left and not steady and self._all_steady_beams(still_active) else 0
         self._beam_states = None
-        self.active = still_active
+        self._keep_active(still_active)
+
+    def _keep_active(self, jobs: list[Job]) -> None:
+        """After a step: the requests that go on; with none, the caches are dropped (their buffers kept up to a bound)."""
+        self.active = jobs
         if not self.active:
             self._cache.clear()
             self._pool.clear()
