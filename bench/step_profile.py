@@ -31,9 +31,11 @@ from nmt_serve.server.engine.jobs import StepProfile
 logger = logging.getLogger(__name__)
 
 # QuantizedMatMul: the native kernels' fused int8 product (runtime/quantized_matmul_fusion.py), its row quantization,
-# bias and ReLU or residual included; RowQuantize and GroupedCrossAttention their other fused nodes.
+# bias and ReLU or residual included; FloatMatMul the fused float one (runtime/float_matmul_fusion.py), its bias and
+# ReLU or residual included; RowQuantize and GroupedCrossAttention their other fused nodes.
 WEIGHT_MATMULS = frozenset({"MatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "Gemm", "FusedMatMul",
-                            "QGemm", "QuantizedMatMul"})  # fmt: skip
+                            "QGemm", "QuantizedMatMul",
+                            "FloatMatMul"})  # fmt: skip
 ATTENTION = frozenset({"MultiHeadAttention", "GroupQueryAttention", "Attention", "DecoderMaskedMultiHeadAttention",
                        "GroupedCrossAttention"})  # fmt: skip
 LAYER_NORMS = frozenset({"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"})

@@ -33,8 +33,8 @@ from nmt_serve.runtime.native_kernels import DEFAULT_LIBRARY, KERNELS_DIR
 logger = logging.getLogger(__name__)
 
 SOURCES = ("cross_attention.cc", "grouped_cross_attention.cc", "self_attention.cc", "row_quantize.cc", "quantized_matmul.cc",
-           "candidate_top_k.cc", "packed_self_attention.cc", "head_layout.cc", "decoder_embedding.cc", "decoder_lengths.cc",
-           "register.cc")
+           "float_matmul.cc", "candidate_top_k.cc", "packed_self_attention.cc", "head_layout.cc", "decoder_embedding.cc",
+           "decoder_lengths.cc", "register.cc")
 HEADER = "onnxruntime_cxx_api.h"
 FETCHED_HEADERS = KERNELS_DIR / "ort-headers"
 SYSTEM_HEADERS = Path("/usr/include/onnxruntime")

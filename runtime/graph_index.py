@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from nmt_serve.runtime.graph_links import readers, writers
-from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, make_node, small_tensor
+from nmt_serve.runtime.onnx_proto import EXTERNAL, ModelProto, NodeProto, attribute, make_node, small_tensor
 
 STOCK_DOMAINS = ("", "ai.onnx")
 FUSED_DOMAIN = "nmt_serve"  # the native kernels library's domain for the operators only these fusions write
@@ -46,6 +46,24 @@ class GraphIndex:
     def scalar(self, name: str) -> np.ndarray | None:
         value = self.constants.get(name)
         return value if value is not None and value.size == 1 else None
+
+    def constant_dims(self, name: str, data_type: int) -> list[int] | None:
+        """The dims of `name` when the session will hold it as a constant of `data_type`: an initializer, or a Cast to
+        that type or a 2-D Transpose of such a constant, which ONNX Runtime folds into an initializer when it loads the
+        graph (a float graph keeps its fp16-exact weights as float16 behind a Cast: export/exact_halves.py). Else None."""
+        node = self.producer.get(name)
+        if node is None:
+            tensor = self.initializers.get(name)
+            return list(tensor.dims) if tensor is not None and tensor.data_type == data_type else None
+        if node.domain not in STOCK_DOMAINS or len(node.input) != 1:
+            return None
+        if node.op_type == "Cast" and attribute(node, "to") == data_type:
+            source = self.initializers.get(node.input[0])
+            return list(source.dims) if source is not None and node.input[0] not in self.producer else None
+        if node.op_type == "Transpose":
+            dims = self.constant_dims(node.input[0], data_type)
+            return list(reversed(dims)) if dims is not None and len(dims) == 2 and attribute(node, "perm", [1, 0]) == [1, 0] else None
+        return None
 
     def vector(self, name: str) -> list[int] | None:
         """An integer constant of a few elements as a list (shapes, axes); None when `name` is not one."""

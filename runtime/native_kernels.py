@@ -24,7 +24,8 @@ DEFAULT_LIBRARY = KERNELS_DIR / LIBRARY_NAME
 SETTINGS = ("auto", "off")  # or a path to a built library
 COUNTERS = {"cross_attention": "nmt_cross_attention_calls", "self_attention": "nmt_self_attention_calls",
             "grouped_cross_attention": "nmt_grouped_cross_attention_calls", "row_quantization": "nmt_row_quantize_calls",
-            "quantized_matmul": "nmt_quantized_matmul_calls", "candidate_top_k": "nmt_candidate_top_k_calls",
+            "quantized_matmul": "nmt_quantized_matmul_calls", "float_matmul": "nmt_float_matmul_calls",
+            "candidate_top_k": "nmt_candidate_top_k_calls",
             "packed_self_attention": "nmt_packed_self_attention_calls", "head_layout": "nmt_head_layout_calls",
             "decoder_embedding": "nmt_decoder_embedding_calls", "decoder_lengths": "nmt_decoder_lengths_calls"}
 

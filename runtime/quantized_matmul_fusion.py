@@ -18,6 +18,7 @@ from nmt_serve.runtime.row_quantize_fusion import FUSED_OP as ROW_QUANTIZE
 FUSED_OP = "QuantizedMatMul"
 PRODUCT = "MatMulIntegerToFloat"
 CONTRIB_DOMAIN = "com.microsoft"
+FLOAT = 1  # TensorProto.FLOAT: the bias
 INT8 = 3  # TensorProto.INT8: the kernel's weights (u8u8 schemes' uint8 weights stay on ONNX Runtime's product)
 PRODUCT_INPUTS = 6  # levels, weight, row scales, weight scale, zero point, weight zero point; a seventh (bias) is another form
 
@@ -52,14 +53,15 @@ def _product(graph: GraphIndex, initializers: dict, quantize: NodeProto) -> Node
     return product
 
 
-def _epilogue(graph: GraphIndex, initializers: dict, product: NodeProto, width: int) -> tuple[list[NodeProto], str, str, int]:
-    """The nodes after `product` that the kernel takes over, its bias and residual inputs ('' when none) and whether it
-    ends in a Relu: Add(constant bias of N values), then a Relu or an Add of a tensor the graph computes."""
+def product_epilogue(graph: GraphIndex, product: NodeProto, width: int) -> tuple[list[NodeProto], str, str, int]:
+    """The nodes after `product` that a fused product's kernel takes over, its bias and residual inputs ('' when none)
+    and whether it ends in a Relu: Add(constant float bias of N values), then a Relu or an Add of a tensor the graph
+    computes. Shared with runtime/float_matmul_fusion.py."""
     bias_add = graph.sole_reader(product.output[0], "Add")
     if bias_add is None:
         return [], "", "", 0
     bias = next((name for name in bias_add.input if name != product.output[0]), "")
-    if bias not in initializers or list(initializers[bias].dims) != [width] or list(bias_add.input).count(product.output[0]) != 1:
+    if graph.constant_dims(bias, FLOAT) != [width] or list(bias_add.input).count(product.output[0]) != 1:
         return [], "", "", 0
     relu = graph.sole_reader(bias_add.output[0], "Relu")
     if relu is not None:
@@ -67,7 +69,7 @@ def _epilogue(graph: GraphIndex, initializers: dict, product: NodeProto, width: 
     residual_add = graph.sole_reader(bias_add.output[0], "Add")
     if residual_add is not None:
         residual = next((name for name in residual_add.input if name != bias_add.output[0]), "")
-        if residual and residual not in initializers and list(residual_add.input).count(bias_add.output[0]) == 1:
+        if residual and residual not in graph.initializers and list(residual_add.input).count(bias_add.output[0]) == 1:
             return [bias_add, residual_add], bias, residual, 0
     return [bias_add], bias, "", 0
 
@@ -86,7 +88,7 @@ def fuse_quantized_matmuls(model: ModelProto) -> int:
         if product is None:
             continue
         width = int(initializers[product.input[1]].dims[1])
-        epilogue, bias, residual, relu = _epilogue(index, initializers, product, width)
+        epilogue, bias, residual, relu = product_epilogue(index, product, width)
         chain = [quantize, product, *epilogue]
         inputs = [quantize.input[0], product.input[1], product.input[3], product.input[5], bias, residual]
         while inputs and not inputs[-1]:

@@ -73,6 +73,26 @@ def fused_and_stock_calls(model_dir: Path, library: Path, fusion: str, kernel: s
     return list(zip(fused_results, run_calls(stock, candidates), strict=True))
 
 
+def fused_and_stock_products(model_dir: Path, library: Path, fusion: str, kernel: str,
+                              monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:  # fmt: skip
+    """run_calls through `model_dir` with every fusion and without `fusion`, then one encoder call of each (3 sources of
+    24 positions, the last one 7 long), paired result by result; and how often the fused runtime's run_calls ran its
+    `kernel` (a NativeKernels counter). Asserts that the stock runtime ran it never."""
+    fused, stock = with_and_without(model_dir, library, fusion, monkeypatch)
+    counters = NativeKernels(library)
+    before = counters.calls()[kernel]
+    fused_results = run_calls(fused)
+    middle = counters.calls()[kernel]
+    stock_results = run_calls(stock)
+    assert counters.calls()[kernel] == middle
+    ids = np.random.default_rng(6).integers(4, fused.config.vocab_size, (3, 24)).astype(np.int64)
+    mask = np.ones((3, 24), dtype=bool)
+    mask[2, 7:] = False
+    fused_results += fused.encode(ids, mask)
+    stock_results += stock.encode(ids, mask)
+    return list(zip(fused_results, stock_results, strict=True)), middle - before
+
+
 def set_attribute(node, name: str, value: int) -> None:  # a NodeProto of runtime/onnx_proto.py
     """Set an int attribute of a parsed node, adding it where the node leaves it at its default."""
     existing = [found for found in node.attribute if found.name == name]

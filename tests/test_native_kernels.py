@@ -214,9 +214,10 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     runtime = Runtime(model_dir, RuntimeSettings(warmup_rows=4, warmup_src_len=8, native_kernels=str(native_kernels_library)))
     runtime.warm_up()
     # The cross-attention blocks and the candidate search run fused (runtime/native_fusions.py); in int8 each weight
-    # product with its row quantization (no RowQuantize node is left alone), in fp32 the encoder's self-attention
-    # blocks (an fp32 graph quantizes nothing; an int8 one keeps those blocks and fuses only the layout moves around them).
-    quantization = ["quantized_matmul"] if precision != "fp32" else []
+    # product with its row quantization (no RowQuantize node is left alone), in fp32 each weight product with its
+    # epilogue and the encoder's self-attention blocks (an fp32 graph quantizes nothing; an int8 one keeps those blocks
+    # and fuses only the layout moves around them).
+    quantization = ["quantized_matmul"] if precision != "fp32" else ["float_matmul"]
     encoder = ["packed_self_attention"] if precision == "fp32" else ["head_layout"]
     embedding = ["decoder_embedding"] if precision != "fp32" else []  # an int8 decoder's uint8 tables
     assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k", *encoder, *embedding,
@@ -233,7 +234,7 @@ def test_resolve_native_kernels_names_what_is_wrong(native_kernels_library: Path
     kernels = resolve_native_kernels(str(native_kernels_library))
     assert kernels is not None
     assert set(kernels.calls()) == {"cross_attention", "self_attention", "grouped_cross_attention", "row_quantization", "quantized_matmul",
-                                    "candidate_top_k", "packed_self_attention", "head_layout", "decoder_embedding",
+                                    "float_matmul", "candidate_top_k", "packed_self_attention", "head_layout", "decoder_embedding",
                                     "decoder_lengths"}
     with pytest.raises(NativeKernelsError, match="absent.so is not a file; build it with `nmt-build-kernels"):
         resolve_native_kernels(str(tmp_path / "absent.so"))

@@ -8,20 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from nmt_serve.runtime.graph_index import FUSED_DOMAIN
-from nmt_serve.runtime.host import cpu_facts
-from nmt_serve.runtime.native_kernels import NativeKernels
 from nmt_serve.runtime.onnx_proto import parse_model
 from nmt_serve.runtime.quantized_matmul_fusion import FUSED_OP, fuse_quantized_matmuls
 from nmt_serve.runtime.row_quantize_fusion import fuse_row_quantization
-from tests.decoder_calls import CALLS, model_dir_for, run_calls, with_and_without
+from tests.decoder_calls import CALLS, fused_and_stock_products, model_dir_for
+from tests.kernel_tiles import kernel_session
+from tests.kernel_tiles import on_tiles as on_instruction_set
 from tests.level_boundaries import near_half_rows
 
-CPU = ["CPUExecutionProvider"]
 # The kernel's tiles by instruction set (NMT_KERNELS_ISA caps them) and the /proc/cpuinfo flag each needs.
 TILE_PATHS = {"avx2": "avx2", "avx512-vnni": "avx512_vnni", "amx": "amx_int8"}
 PRODUCT = "MatMulIntegerToFloat"
@@ -113,15 +111,7 @@ def expected_output(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, weight
 
 def on_tiles(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the kernels made from here on `path`'s tiles; skipped where the CPU has not that instruction set."""
-    if TILE_PATHS[path] not in cpu_facts()["features"]:
-        pytest.skip(f"this CPU has no {TILE_PATHS[path]}: its tiles cannot run here")
-    monkeypatch.setenv("NMT_KERNELS_ISA", path)
-
-
-def kernel_session(model, library: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
+    on_instruction_set(TILE_PATHS, path, monkeypatch)
 
 
 @pytest.mark.parametrize("path", list(TILE_PATHS))
@@ -189,20 +179,9 @@ def test_fused_graphs_give_the_stock_products_bits(model: str, path: str, native
     if path != "best":
         on_tiles(path, monkeypatch)
     model_dir = model_dir_for(model, request, {"int8": "int8_dir", "int8 with an int8 cache": "int8_cache_dir"})
-    fused, stock = with_and_without(model_dir, native_kernels_library, "int8 weight products", monkeypatch)
-    counters = NativeKernels(native_kernels_library)
-    before = counters.calls()["quantized_matmul"]
-    fused_results = run_calls(fused)
-    middle = counters.calls()["quantized_matmul"]
-    stock_results = run_calls(stock)
-    assert counters.calls()["quantized_matmul"] == middle
-    ids = np.random.default_rng(6).integers(4, fused.config.vocab_size, (3, 24)).astype(np.int64)
-    mask = np.ones((3, 24), dtype=bool)
-    mask[2, 7:] = False
-    for fused_values, stock_values in zip(fused.encode(ids, mask), stock.encode(ids, mask), strict=True):
-        np.testing.assert_array_equal(fused_values, stock_values)
+    pairs, ran = fused_and_stock_products(model_dir, native_kernels_library, "int8 weight products", "quantized_matmul", monkeypatch)
     decoder_products = sum(node.op_type == PRODUCT for node in parse_model((model_dir / "decoder.onnx").read_bytes()).graph.node)
     encoder_products = sum(node.op_type == PRODUCT for node in parse_model((model_dir / "encoder.onnx").read_bytes()).graph.node)
-    assert middle - before == decoder_products * len(CALLS) + encoder_products
-    for fused_call, stock_call in zip(fused_results, stock_results, strict=True):
-        np.testing.assert_array_equal(fused_call, stock_call)
+    assert ran == decoder_products * len(CALLS) + encoder_products
+    for fused_values, stock_values in pairs:
+        np.testing.assert_array_equal(fused_values, stock_values)

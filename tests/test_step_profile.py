@@ -17,6 +17,7 @@ from nmt_serve.bench.systems import Cell
     ("DynamicQuantizeLinear", "layer0.ffn_up.matmul_QuantizeLinear", ACTIVATION_QUANTIZATION),
     ("GroupQueryAttention", "layer0.self_attn", "attention"),
     ("QuantizedMatMul", "layer0.ffn_up.matmul_quant.to_float.fused", "weight MatMuls"),
+    ("FloatMatMul", "layer0.ffn_up.matmul.fused", "weight MatMuls"),
     ("RowQuantize", "hidden_QuantizeLinear.row.quantize.fused", ACTIVATION_QUANTIZATION),
     ("GroupedCrossAttention", "layer0.cross_attn_rows.fused", "attention"),
     ("Mul", "layer0.something_else", "other nodes"),

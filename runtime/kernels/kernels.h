@@ -87,6 +87,8 @@ const OrtCustomOp* grouped_cross_attention_op();  // a layer's whole cross-atten
 uint64_t grouped_cross_attention_calls();
 const OrtCustomOp* quantized_matmul_op();  // a whole int8 weight product with its quantization and epilogue (quantized_matmul.cc)
 uint64_t quantized_matmul_calls();
+const OrtCustomOp* float_matmul_op();  // a whole float weight product with its epilogue (float_matmul.cc)
+uint64_t float_matmul_calls();
 const OrtCustomOp* candidate_top_k_op();  // the candidate rows' Gather and TopK in one node (candidate_top_k.cc)
 uint64_t candidate_top_k_calls();
 const OrtCustomOp* packed_self_attention_op();  // the encoder's self-attention block on packed rows in one node (packed_self_attention.cc)

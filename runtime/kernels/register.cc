@@ -16,6 +16,7 @@ uint64_t nmt_self_attention_calls() { return nmt_kernels::self_attention_calls()
 uint64_t nmt_row_quantize_calls() { return nmt_kernels::row_quantize_calls(); }
 uint64_t nmt_grouped_cross_attention_calls() { return nmt_kernels::grouped_cross_attention_calls(); }
 uint64_t nmt_quantized_matmul_calls() { return nmt_kernels::quantized_matmul_calls(); }
+uint64_t nmt_float_matmul_calls() { return nmt_kernels::float_matmul_calls(); }
 uint64_t nmt_candidate_top_k_calls() { return nmt_kernels::candidate_top_k_calls(); }
 uint64_t nmt_packed_self_attention_calls() { return nmt_kernels::packed_self_attention_calls(); }
 uint64_t nmt_head_layout_calls() { return nmt_kernels::head_layout_calls(); }
@@ -41,6 +42,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     fused.Add(nmt_kernels::row_quantize_op());
     fused.Add(nmt_kernels::grouped_cross_attention_op());
     fused.Add(nmt_kernels::quantized_matmul_op());
+    fused.Add(nmt_kernels::float_matmul_op());
     fused.Add(nmt_kernels::candidate_top_k_op());
     fused.Add(nmt_kernels::packed_self_attention_op());
     fused.Add(nmt_kernels::packed_to_heads_op());
