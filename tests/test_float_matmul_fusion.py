@@ -25,6 +25,13 @@ UNIT_ROUNDOFF = 2.0**-24  # float32's
 TILE_PATHS = {"avx2": "avx2", "avx512": "avx512f"}
 
 
+@pytest.fixture
+def fused_on_any_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fusion applied whatever the CPU (the runtime applies it only where AVX-512 is): its matching and, on a CPU
+    without AVX-512, the AVX2 tiles are tested everywhere."""
+    monkeypatch.setattr("nmt_serve.runtime.float_matmul_fusion.fusion_pays_here", lambda: True)
+
+
 def weight_products(path: Path) -> tuple[int, int]:
     """How many MatMuls of `path` multiply by a constant float (K, N) weight, and how many of those a bias Add follows."""
     model = parse_model(path.read_bytes())
@@ -35,7 +42,7 @@ def weight_products(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("graph", ["encoder.onnx", "decoder.onnx"])
-def test_every_float_weight_product_becomes_one_node(graph: str, tiny_model_dir: Path) -> None:
+def test_every_float_weight_product_becomes_one_node(graph: str, tiny_model_dir: Path, fused_on_any_cpu: None) -> None:
     """Each MatMul on a constant weight (behind the Cast of its float16 copy, or the Transpose of the tied embedding)
     goes, with its bias Add and the Relu or residual Add after it: no Relu and no such MatMul stay, and one Add per
     biased product fewer at least."""
@@ -50,7 +57,17 @@ def test_every_float_weight_product_becomes_one_node(graph: str, tiny_model_dir:
     assert fuse_float_matmuls(model) == 0
 
 
-def test_int8_graphs_keep_their_float_products(int8_dir: Path) -> None:
+def test_without_avx512_the_products_stay_onnx_runtimes(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without AVX-512 the graph is left as it is: the AVX2 tiles were not measured faster than ONNX Runtime's
+    products on such a CPU."""
+    monkeypatch.setattr("nmt_serve.runtime.float_matmul_fusion.cpu_facts", lambda: {"features": ["avx2"]})
+    data = (tiny_model_dir / "decoder.onnx").read_bytes()
+    model = parse_model(data)
+    assert fuse_float_matmuls(model) == 0
+    assert model.SerializeToString() == parse_model(data).SerializeToString()
+
+
+def test_int8_graphs_keep_their_float_products(int8_dir: Path, fused_on_any_cpu: None) -> None:
     """A graph with int8 weights is left as it is: there a moved rounding could move a quantization level."""
     for graph in ("encoder.onnx", "decoder.onnx"):
         data = (int8_dir / graph).read_bytes()
@@ -147,7 +164,7 @@ def test_refusals_name_the_input(native_kernels_library: Path) -> None:
 @pytest.mark.parametrize("model,path", [("fp32", "best"), ("fp32", "avx2"), ("imported Marian fp32", "best")])
 def test_fused_float_graphs_stay_within_the_self_checks_bound(model: str, path: str, native_kernels_library: Path,
                                                               tiny_model_dir: Path, request: pytest.FixtureRequest,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                              monkeypatch: pytest.MonkeyPatch, fused_on_any_cpu: None) -> None:  # fmt: skip
     """Encoder and decoder with their float products fused against the same graphs with ONNX Runtime's products (the
     other fusions in both): every decoder call's log-probs and the cross keys and values within the fp32 self-check's
     bound (the bound the server holds a model dir to), and the fused nodes are what ran, once per product and call."""

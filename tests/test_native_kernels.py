@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from nmt_serve.runtime.float_matmul_fusion import fusion_pays_here
 from nmt_serve.runtime.native_kernels import NativeKernels, NativeKernelsError, resolve_native_kernels
 from nmt_serve.runtime.ort_step import make_session
 from nmt_serve.server.engine.sessions import Runtime, RuntimeSettings
@@ -215,9 +216,9 @@ def test_runtime_on_native_kernels_passes_its_self_check(precision: str, native_
     runtime.warm_up()
     # The cross-attention blocks and the candidate search run fused (runtime/native_fusions.py); in int8 each weight
     # product with its row quantization (no RowQuantize node is left alone), in fp32 each weight product with its
-    # epilogue and the encoder's self-attention blocks (an fp32 graph quantizes nothing; an int8 one keeps those blocks
+    # epilogue (on a CPU with AVX-512) and the encoder's self-attention blocks (an fp32 graph quantizes nothing; an int8 one keeps those blocks
     # and fuses only the layout moves around them).
-    quantization = ["quantized_matmul"] if precision != "fp32" else ["float_matmul"]
+    quantization = ["quantized_matmul"] if precision != "fp32" else ["float_matmul"] if fusion_pays_here() else []
     encoder = ["packed_self_attention"] if precision == "fp32" else ["head_layout"]
     embedding = ["decoder_embedding"] if precision != "fp32" else []  # an int8 decoder's uint8 tables
     assert runtime.kernels_in_use == ["self_attention", "grouped_cross_attention", *quantization, "candidate_top_k", *encoder, *embedding,
