@@ -100,9 +100,9 @@ def on_tiles(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def within_rounding(y: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, residual: np.ndarray | None, epilogue: str) -> None:
-    """y against the exact value in float64: a sum of K products and up to two adds, each rounded once, is within
-    (K + 2) units of roundoff of the sum of the terms' magnitudes (the classic bound for recursive summation; a ReLU
-    after it moves no value further)."""
+    """y against the exact value in float64: a sum of K products and up to two adds, n = K + 2 roundings in all, is
+    within gamma_n = n u / (1 - n u) of the sum of the terms' magnitudes (the classic bound for recursive summation,
+    u float32's unit roundoff; a ReLU after it moves no value further)."""
     x64, weight64 = x.astype(np.float64), weight.astype(np.float64)
     exact, magnitude = x64 @ weight64, np.abs(x64) @ np.abs(weight64)
     if epilogue != "none":
@@ -111,7 +111,8 @@ def within_rounding(y: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: np.n
         exact, magnitude = exact + residual, magnitude + np.abs(residual)
     if epilogue == "relu":
         exact = np.maximum(exact, 0.0)
-    bound = (x.shape[-1] + 2) * UNIT_ROUNDOFF * magnitude
+    roundings = (x.shape[-1] + 2) * UNIT_ROUNDOFF
+    bound = roundings / (1 - roundings) * magnitude
     assert y.shape == exact.shape and np.all(np.abs(y - exact) <= bound)
 
 

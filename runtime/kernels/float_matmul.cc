@@ -215,10 +215,7 @@ class FloatMatMulKernel {
     relu_ = optional_attribute<int64_t>(kernel_info, "relu", 0) != 0;
     has_residual_ = has_input(kernel_info, kResidual);
     weights_ = pack(kernel_info);
-    // NMT_KERNELS_ISA=avx2 keeps an AVX-512 CPU on the AVX2 tiles, so that the tests run both paths
-    // (tests/test_float_matmul_fusion.py); unset, the CPU's best runs.
-    const char* cap = std::getenv("NMT_KERNELS_ISA");
-    avx512_ = !(cap && std::string(cap) == "avx2") && cpu_has_avx512();
+    avx512_ = kernels_isa_cap() != "avx2" && cpu_has_avx512();  // tests/test_float_matmul_fusion.py runs both paths
   }
 
   void Compute(OrtKernelContext* raw_context) {
@@ -227,7 +224,8 @@ class FloatMatMulKernel {
     ShapeAndCount in = shape_and_count(input);
     std::vector<int64_t>& shape = in.dims;
     if (shape.empty() || shape.back() != weights_.inner) refuse("the input's last axis must be the weight's K");
-    const int64_t rows = weights_.inner > 0 ? in.count / weights_.inner : leading_count(shape);
+    int64_t rows = 1;  // the product of the leading dimensions (MatMul's batch), whatever K
+    for (size_t axis = 0; axis + 1 < shape.size(); ++axis) rows *= shape[axis];
     shape.back() = weights_.width;
     Ort::UnownedValue output = context.GetOutput(0, shape);
     const float* residual = nullptr;
@@ -243,13 +241,6 @@ class FloatMatMulKernel {
   }
 
  private:
-  // The rows of an input with K = 0: the product of its leading dimensions.
-  static int64_t leading_count(const std::vector<int64_t>& shape) {
-    int64_t rows = 1;
-    for (size_t axis = 0; axis + 1 < shape.size(); ++axis) rows *= shape[axis];
-    return rows;
-  }
-
   PackedWeights weights_;
   bool relu_ = false, has_residual_ = false, avx512_ = false;
 };

@@ -6,6 +6,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,13 @@ std::vector<T> constant_values(const Ort::ConstKernelInfo& info, size_t index, O
   if (shape.GetElementType() != type) refuse(kernel, name + " has the wrong element type");
   const T* data = value.GetTensorData<T>();
   return std::vector<T>(data, data + shape.GetElementCount());
+}
+
+// NMT_KERNELS_ISA, which caps the weight products' tiles below what the CPU has so that the tests run every path the
+// CPU can (avx2 for both products, avx512-vnni for the int8 one); empty when unset, and the CPU's best runs.
+inline std::string kernels_isa_cap() {
+  const char* cap = std::getenv("NMT_KERNELS_ISA");
+  return cap ? cap : "";
 }
 
 // A tensor's shape and element count from one query. Each GetTensorTypeAndShapeInfo makes and frees an info object

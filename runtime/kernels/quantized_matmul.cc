@@ -469,10 +469,7 @@ class QuantizedMatMulKernel {
     zero_point_ = static_cast<int>(zero_point);
     has_residual_ = has_input(kernel_info, kResidual);
     weights_ = pack(kernel_info, zero_point_);
-    // NMT_KERNELS_ISA=avx2 or avx512-vnni caps the tiles below what the CPU has, so that the tests run every path
-    // the CPU can (tests/test_quantized_matmul_fusion.py); unset, the CPU's best runs.
-    const char* cap = std::getenv("NMT_KERNELS_ISA");
-    const std::string isa = cap ? cap : "";
+    const std::string isa = kernels_isa_cap();  // tests/test_quantized_matmul_fusion.py runs each path the CPU can
     vnni_ = isa != "avx2" && cpu_has_vnni();
     amx_ = vnni_ && isa != "avx512-vnni" && amx_permitted();
     // Wider weights would overflow vpmaddubsw's 16-bit pairs: without VNNI the runtime then makes the session without
